@@ -1,0 +1,44 @@
+# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+CONFIG ?= config.yaml
+
+.PHONY: run test lint format bench venv redis-server check-config clean
+
+run: $(STAMP)
+	$(BIN)/search-proxy --config $(CONFIG)
+
+test: $(STAMP) redis-server
+	$(BIN)/pytest -q $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+format: $(STAMP)
+	$(BIN)/ruff check --fix .
+	$(BIN)/ruff format .
+
+bench: $(STAMP) redis-server
+	@command -v wrk >/dev/null || sh scripts/ensure-package.sh wrk wrk
+	$(BIN)/python -m bench
+
+check-config: $(STAMP)
+	$(BIN)/search-proxy check-config $(CONFIG)
+
+venv: $(STAMP)
+
+$(STAMP): pyproject.toml
+	@$(PYTHON) -m venv $(VENV) || { echo "cannot create a venv: install python3-venv (apt-get install python3-venv)"; exit 1; }
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q -e '.[test]'
+	@rm -f $(VENV)/.installed-*
+	@touch $@
+
+redis-server:
+	@sh scripts/ensure-package.sh redis-server redis-server
+
+clean:
+	rm -rf $(VENV) build *.egg-info

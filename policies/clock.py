@@ -1,0 +1,61 @@
+"""Time as an injectable dependency, so policies can be tested without sleeping."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Protocol
+
+
+class Clock(Protocol):
+    """What a policy needs of time: a monotonic reading, a wall-clock reading and a sleep."""
+
+    def now(self) -> float:
+        """Monotonic seconds; only differences mean anything."""
+        ...
+
+    def wall(self) -> float:
+        """Seconds since the Unix epoch (for HTTP dates and cache ages)."""
+        ...
+
+    async def sleep(self, seconds: float) -> None: ...
+
+
+class SystemClock:
+    """The real clock."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def wall(self) -> float:
+        return time.time()
+
+    async def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            await asyncio.sleep(seconds)
+
+
+class ManualClock:
+    """A clock that only moves when told to; `sleep` advances it at once and records the wait."""
+
+    def __init__(self, start: float = 1000.0, wall_start: float = 1_700_000_000.0) -> None:
+        self._now = start
+        self._wall_offset = wall_start - start
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return self._now
+
+    def wall(self) -> float:
+        return self._now + self._wall_offset
+
+    def advance(self, seconds: float) -> None:
+        self._now += seconds
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        self._now += max(0.0, seconds)
+        await asyncio.sleep(0)
+
+
+SYSTEM_CLOCK = SystemClock()

@@ -1,0 +1,70 @@
+"""Hooks through which policies report what they did; metrics and logs implement them.
+
+Policies never import Prometheus: they call these methods, and the server wires in an
+implementation (see proxy.metrics.Metrics). `NullEvents` is the do-nothing default.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+
+class Events(Protocol):
+    def attempt(self, route: str, outcome: str) -> None:
+        """One upstream attempt ended: outcome is ok, client_error, 429, 5xx, timeout,
+        connect_error, reset, malformed, empty or terminal."""
+
+    def retry(self, route: str, reason: str) -> None:
+        """A retry was scheduled for `reason` (429, 5xx, timeout, connect_error, reset ...)."""
+
+    def budget_exhausted(self, route: str) -> None:
+        """A retry was refused by the retry budget."""
+
+    def ratelimit(self, route: str, decision: str, waited_s: float) -> None:
+        """decision: allowed, delayed or rejected; waited_s: time spent waiting for a token."""
+
+    def breaker_transition(self, route: str, state: str) -> None:
+        """The route's breaker moved to `state` (closed, half_open, open)."""
+
+    def cache(self, route: str, result: str) -> None:
+        """result: hit, miss, stale, bypass or store."""
+
+    def coalesced(self, route: str) -> None:
+        """A request was answered by another identical in-flight request's vendor call."""
+
+    def search_variant(self, route: str, outcome: str) -> None:
+        """A simplified query variant was tried: outcome is results, empty or failed."""
+
+    def redis_state(self, up: bool) -> None:
+        """Redis became reachable (True) or unreachable (False); shared state degrades meanwhile."""
+
+
+class NullEvents:
+    """Events that go nowhere (tests and tools that do not care)."""
+
+    def attempt(self, route: str, outcome: str) -> None:
+        pass
+
+    def retry(self, route: str, reason: str) -> None:
+        pass
+
+    def budget_exhausted(self, route: str) -> None:
+        pass
+
+    def ratelimit(self, route: str, decision: str, waited_s: float) -> None:
+        pass
+
+    def breaker_transition(self, route: str, state: str) -> None:
+        pass
+
+    def cache(self, route: str, result: str) -> None:
+        pass
+
+    def coalesced(self, route: str) -> None:
+        pass
+
+    def search_variant(self, route: str, outcome: str) -> None:
+        pass
+
+    def redis_state(self, up: bool) -> None:
+        pass

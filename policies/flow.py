@@ -1,0 +1,74 @@
+"""The per-request state that walks a route's policy chain, and the reply that comes back.
+
+A route is built once into a chain of policies wrapping the upstream call (httpx-transport
+style). Each policy is `async def handle(flow, call_next) -> Reply`: it may answer itself,
+pass on, or act on the reply. Policies annotate the flow; the server turns it into a log line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from dataclasses import dataclass, field
+from functools import partial
+from typing import Protocol
+
+from multidict import CIMultiDict
+
+
+@dataclass(slots=True)
+class Reply:
+    """An upstream (or cached) answer. `stream` is set for bodies passed through chunk by chunk."""
+
+    status: int
+    headers: CIMultiDict[str]
+    body: bytes = b""
+    stream: AsyncIterator[bytes] | None = None
+    release: Callable[[], None] | None = None
+
+    def discard(self) -> None:
+        """Give back the upstream connection of a reply we will not send."""
+        if self.release is not None:
+            self.release()
+            self.release = None
+
+
+@dataclass(slots=True)
+class Flow:
+    """One agent request as the policies see it."""
+
+    route: str
+    method: str
+    path: str  # upstream path, already confined to the route
+    query_string: str
+    headers: CIMultiDict[str]  # outbound headers: hop-by-hop stripped, route headers applied
+    body: bytes
+    request_id: str
+    client: str  # hash of the caller's credentials; "" when it sent none
+    deadline: float  # clock.now() value after which no attempt may run
+    started: float
+    attempts: int = 0
+    max_attempts: int = 1
+    upstream_seconds: float = 0.0  # time spent in upstream attempts
+    waited_seconds: float = 0.0  # time spent deliberately waiting (backoff, rate limit)
+    retry_reasons: list[str] = field(default_factory=list)
+    cache: str | None = None  # hit, miss, stale, bypass
+    breaker: str | None = None
+    query_used: str | None = None
+    reply_headers: dict[str, str] = field(default_factory=dict)  # added to the agent's answer
+
+
+Handler = Callable[[Flow], Awaitable[Reply]]
+
+
+class Policy(Protocol):
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        """Answer `flow`, calling `call_next` zero or more times."""
+        ...
+
+
+def compose(policies: Sequence[Policy], terminal: Handler) -> Handler:
+    """Wrap `terminal` in `policies`, the first one outermost."""
+    handler = terminal
+    for policy in reversed(policies):
+        handler = partial(policy.handle, call_next=handler)
+    return handler

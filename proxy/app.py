@@ -1,0 +1,280 @@
+"""The aiohttp application: reserved endpoints, and the one handler every proxied request takes.
+
+Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz, /metrics,
+/admin/..., /v1/search. Config refuses route prefixes that collide with them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+
+import aiohttp
+import orjson
+import structlog
+from aiohttp import web
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+
+from policies.clock import SYSTEM_CLOCK, Clock
+from policies.flow import Flow, Reply
+from policies.shared import RedisLink
+from proxy.config import Config
+from proxy.errors import MethodNotAllowed, PayloadTooLarge, ProxyError
+from proxy.forward import request_headers
+from proxy.logs import redact_query
+from proxy.metrics import Metrics
+from proxy.pipeline import Deps, Route, build_route
+from proxy.routing import Router
+
+log = structlog.get_logger("search_proxy")
+
+_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
+CREDENTIAL_HEADERS = ("Authorization", "X-API-KEY", "X-Subscription-Token", "Api-Key")
+
+
+@dataclass
+class ProxyState:
+    """Everything the handlers share, created at start-up and owned by the app."""
+
+    config: Config
+    clock: Clock
+    metrics: Metrics
+    routes: dict[str, Route] = field(default_factory=dict)
+    router: Router[Route] | None = None
+    session: aiohttp.ClientSession | None = None
+    redis: RedisLink | None = None
+
+
+STATE = web.AppKey("state", ProxyState)
+
+
+def client_identity(headers: aiohttp.typedefs.LooseHeaders) -> str:
+    """A short, stable hash of the caller's credentials ("" when it sent none)."""
+    parts = [headers.get(h, "") for h in CREDENTIAL_HEADERS]  # type: ignore[union-attr]
+    if not any(parts):
+        return ""
+    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
+
+
+def error_response(err: ProxyError, request_id: str) -> web.Response:
+    """The JSON error body every proxy-made failure shares."""
+    headers = err.response_headers()
+    headers["X-Request-Id"] = request_id
+    return web.Response(
+        status=err.status,
+        body=orjson.dumps(err.payload()),
+        content_type="application/json",
+        headers=headers,
+    )
+
+
+async def _read_body(request: web.Request, limit: int) -> bytes:
+    if request.content_length is not None and request.content_length > limit:
+        raise PayloadTooLarge(
+            f"request body of {request.content_length} bytes exceeds the "
+            f"limit of {limit} bytes; send a smaller request"
+        )
+    try:
+        body = await request.read()
+    except web.HTTPRequestEntityTooLarge:
+        body = None
+    if body is None or len(body) > limit:
+        raise PayloadTooLarge(
+            f"request body exceeds the limit of {limit} bytes; send a smaller request"
+        )
+    return body
+
+
+async def _answer(request: web.Request, reply: Reply, flow: Flow) -> web.StreamResponse:
+    """Turn a reply into the agent's response, streaming it chunk by chunk when it is a stream."""
+    headers = reply.headers
+    headers.update(flow.reply_headers)
+    headers["X-Request-Id"] = flow.request_id
+    headers["X-Proxy-Attempts"] = str(flow.attempts)
+    if reply.stream is None:
+        return web.Response(status=reply.status, headers=headers, body=reply.body)
+    response = web.StreamResponse(status=reply.status, headers=headers)
+    try:
+        await response.prepare(request)
+        async for chunk in reply.stream:
+            await response.write(chunk)
+        await response.write_eof()
+    finally:
+        reply.discard()
+    return response
+
+
+async def proxy_request(request: web.Request) -> web.StreamResponse:
+    """Receive, match, run the route's chain, answer; then one metrics update and one log line."""
+    state = request.app[STATE]
+    clock = state.clock
+    started = clock.now()
+    rid = request.headers.get("X-Request-Id", "")
+    if not _REQUEST_ID.match(rid):
+        rid = uuid.uuid4().hex
+    route: Route | None = None
+    flow: Flow | None = None
+    status = 500
+    try:
+        if request.method == "CONNECT":
+            raise MethodNotAllowed(
+                "CONNECT is not supported: this is a reverse proxy; send "
+                "requests to a route prefix such as /tavily/search"
+            )
+        route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+        route.metrics.in_flight.inc()
+        body = await _read_body(request, state.config.server.max_body_bytes)
+        timeouts = route.config.timeouts
+        flow = Flow(
+            route=route.name,
+            method=request.method,
+            path=target.rest if route.config.strip_prefix else route.config.prefix + target.rest,
+            query_string=target.query_string,
+            headers=request_headers(
+                request.headers,
+                set_headers=route.set_headers,
+                remove=route.remove_headers,
+                client_ip=request.remote,
+                proto=request.scheme,
+                request_id=rid,
+            ),
+            body=body,
+            request_id=rid,
+            client=client_identity(request.headers),
+            deadline=started + timeouts.total,
+            started=started,
+        )
+        reply = await route.handler(flow)
+        status = reply.status
+        response = await _answer(request, reply, flow)
+    except ProxyError as err:
+        status = err.status
+        if flow is not None:
+            err.attempts = max(err.attempts, flow.attempts)
+            err.route = err.route or flow.route
+        elif route is not None:
+            err.route = err.route or route.name
+        response = error_response(err, rid)
+        if flow is not None:
+            response.headers.update(flow.reply_headers)
+            response.headers["X-Proxy-Attempts"] = str(flow.attempts)
+    except ConnectionResetError:
+        status = 499  # the agent went away mid-stream
+        raise
+    finally:
+        elapsed = clock.now() - started
+        if route is not None:
+            route.metrics.in_flight.dec()
+            upstream_s = flow.upstream_seconds + flow.waited_seconds if flow else 0.0
+            route.metrics.observe(status, elapsed, elapsed - upstream_s)
+        log.info(
+            "request",
+            request_id=rid,
+            route=route.name if route else None,
+            method=request.method,
+            path=request.path,
+            query=redact_query(request.query_string) if request.query_string else None,
+            status=status,
+            duration_ms=round(elapsed * 1000, 2),
+            upstream_ms=round(flow.upstream_seconds * 1000, 2) if flow else None,
+            attempts=flow.attempts if flow else 0,
+            retries=flow.retry_reasons or None if flow else None,
+            cache=flow.cache if flow else None,
+            breaker=flow.breaker if flow else None,
+        )
+    return response
+
+
+# ---------------------------------------------------------------------------------------------
+# Reserved endpoints
+
+
+async def healthz(request: web.Request) -> web.Response:
+    """Liveness: the process is serving."""
+    return web.json_response({"status": "ok"})
+
+
+async def readyz(request: web.Request) -> web.Response:
+    """Readiness: routes are loaded and, when Redis is configured, it answers."""
+    state = request.app[STATE]
+    body: dict[str, object] = {"routes": sorted(state.routes)}
+    ready = bool(state.routes) and state.session is not None
+    if state.redis is not None:
+        redis_ok = await state.redis.ping()
+        body["redis"] = "up" if redis_ok else "down"
+        ready = ready and redis_ok
+    else:
+        body["redis"] = "not configured"
+    body["status"] = "ready" if ready else "not ready"
+    return web.json_response(body, status=200 if ready else 503)
+
+
+async def metrics_endpoint(request: web.Request) -> web.Response:
+    """Prometheus exposition of this process's registry."""
+    state = request.app[STATE]
+    return web.Response(
+        body=generate_latest(state.metrics.registry),
+        headers={"Content-Type": CONTENT_TYPE_LATEST},
+    )
+
+
+# ---------------------------------------------------------------------------------------------
+# Assembly
+
+
+async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Own the pooled session, the Redis link and the routes' background tasks."""
+    state = app[STATE]
+    server = state.config.server
+    connector = aiohttp.TCPConnector(
+        limit=server.upstream_connections,
+        limit_per_host=server.upstream_connections_per_host,
+        keepalive_timeout=server.keepalive_timeout,
+        ttl_dns_cache=300,
+    )
+    state.session = aiohttp.ClientSession(
+        connector=connector,
+        auto_decompress=True,
+        timeout=aiohttp.ClientTimeout(total=None),
+        skip_auto_headers=("User-Agent",),
+    )
+    if state.config.redis is not None:
+        rc = state.config.redis
+        state.redis = RedisLink(
+            rc.url, rc.key_prefix, timeout=rc.timeout, events=state.metrics, clock=state.clock
+        )
+        state.metrics.redis_up.set(1)
+    deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)
+    state.routes = {name: build_route(cfg, deps) for name, cfg in state.config.routes.items()}
+    state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
+    for route in state.routes.values():
+        if route.breaker is not None:
+            await route.breaker.start()
+    try:
+        yield
+    finally:
+        for route in state.routes.values():
+            if route.breaker is not None:
+                await route.breaker.stop()
+        await state.session.close()
+        if state.redis is not None:
+            await state.redis.close()
+
+
+def build_app(
+    config: Config, *, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None
+) -> web.Application:
+    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner)."""
+    # Bodies are bounded by our own check so the agent gets the JSON 413, not aiohttp's text one;
+    # the +1 lets aiohttp's own limit sit just past ours.
+    app = web.Application(client_max_size=config.server.max_body_bytes + 1)
+    app[STATE] = ProxyState(config=config, clock=clock, metrics=metrics or Metrics())
+    app.cleanup_ctx.append(_lifecycle)
+    app.router.add_get("/healthz", healthz)
+    app.router.add_get("/readyz", readyz)
+    app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_route("*", "/{tail:.*}", proxy_request)
+    return app

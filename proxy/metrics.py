@@ -1,0 +1,217 @@
+"""Prometheus metrics, one registry per app, implementing the policies' `Events` hooks.
+
+Labels are bounded: route, status class, outcome, reason, decision. Never query text or client.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+
+# The *_created series double the exposition and no dashboard reads them.
+disable_created_metrics()
+
+# From sub-millisecond proxy overhead to 60 s upstream calls.
+LATENCY_BUCKETS = (
+    0.0005,
+    0.001,
+    0.0025,
+    0.005,
+    0.01,
+    0.025,
+    0.05,
+    0.1,
+    0.25,
+    0.5,
+    1.0,
+    2.5,
+    5.0,
+    10.0,
+    20.0,
+    30.0,
+    60.0,
+)
+OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.1)
+WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
+STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+
+
+class RouteMetrics:
+    """Children bound to one route at start-up, so the hot path does no label lookups."""
+
+    __slots__ = ("duration", "in_flight", "overhead", "requests", "upstream_duration")
+
+    def __init__(self, metrics: Metrics, route: str) -> None:
+        self.requests = {c: metrics.requests.labels(route, c) for c in STATUS_CLASSES}
+        self.duration = metrics.request_duration.labels(route)
+        self.upstream_duration = metrics.upstream_duration.labels(route)
+        self.overhead = metrics.overhead.labels(route)
+        self.in_flight = metrics.in_flight.labels(route)
+
+    def observe(self, status: int, seconds: float, overhead: float) -> None:
+        """Record one finished agent request."""
+        self.requests[STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]].inc()
+        self.duration.observe(seconds)
+        self.overhead.observe(max(0.0, overhead))
+
+
+class Metrics:
+    """Every metric the proxy exports; also the `policies.events.Events` implementation."""
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Counter(
+            "search_proxy_requests",
+            "Agent requests answered, by route and status class.",
+            ["route", "status_class"],
+            registry=r,
+        )
+        self.request_duration = Histogram(
+            "search_proxy_request_duration_seconds",
+            "Time from receiving an agent request to the start of its answer.",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.upstream_duration = Histogram(
+            "search_proxy_upstream_duration_seconds",
+            "Duration of each upstream attempt (to the end of the body, or the stream's headers).",
+            ["route"],
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.overhead = Histogram(
+            "search_proxy_overhead_seconds",
+            "Time the proxy itself added: request duration less upstream time and waits.",
+            ["route"],
+            buckets=OVERHEAD_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "search_proxy_in_flight_requests",
+            "Agent requests being handled now.",
+            ["route"],
+            registry=r,
+        )
+        self.upstream_attempts = Counter(
+            "search_proxy_upstream_attempts",
+            "Upstream attempts by outcome (ok, client_error, 429, 5xx, timeout, connect_error, "
+            "reset, malformed, empty, terminal).",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.retries = Counter(
+            "search_proxy_retries",
+            "Retries scheduled, by the reason of the failed attempt.",
+            ["route", "reason"],
+            registry=r,
+        )
+        self.retry_budget_exhausted = Counter(
+            "search_proxy_retry_budget_exhausted",
+            "Retries refused because the route's retry budget was spent.",
+            ["route"],
+            registry=r,
+        )
+        self.ratelimit_decisions = Counter(
+            "search_proxy_ratelimit",
+            "Rate-limit decisions: allowed, delayed (waited for a token) or rejected.",
+            ["route", "decision"],
+            registry=r,
+        )
+        self.ratelimit_wait = Histogram(
+            "search_proxy_ratelimit_wait_seconds",
+            "Time requests waited for a rate-limit token.",
+            ["route"],
+            buckets=WAIT_BUCKETS,
+            registry=r,
+        )
+        self.breaker_state = Gauge(
+            "search_proxy_breaker_state",
+            "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
+            ["route"],
+            registry=r,
+        )
+        self.breaker_transitions = Counter(
+            "search_proxy_breaker_transitions",
+            "Circuit breaker transitions, by the state entered.",
+            ["route", "to"],
+            registry=r,
+        )
+        self.cache_results = Counter(
+            "search_proxy_cache",
+            "Cache outcomes: hit, miss, stale, bypass, store.",
+            ["route", "result"],
+            registry=r,
+        )
+        self.coalesced_requests = Counter(
+            "search_proxy_coalesced",
+            "Requests answered by an identical in-flight request's vendor call.",
+            ["route"],
+            registry=r,
+        )
+        self.search_variants = Counter(
+            "search_proxy_search_variants",
+            "Simplified query variants tried after empty results, by outcome.",
+            ["route", "outcome"],
+            registry=r,
+        )
+        self.provider_fallbacks = Counter(
+            "search_proxy_search_provider_outcomes",
+            "Providers tried by /v1/search, by outcome (results, empty, failed, skipped).",
+            ["provider", "outcome"],
+            registry=r,
+        )
+        self.redis_up = Gauge(
+            "search_proxy_redis_up",
+            "1 while Redis answers, 0 while shared state runs in-process.",
+            registry=r,
+        )
+        self.redis_transitions = Counter(
+            "search_proxy_redis_transitions",
+            "Redis reachability changes (to=down: fell back to in-process state; to=up: rejoined).",
+            ["to"],
+            registry=r,
+        )
+        self.routes: dict[str, RouteMetrics] = {}
+
+    def route(self, name: str) -> RouteMetrics:
+        """The bound per-route metrics, created once at start-up."""
+        bound = self.routes.get(name)
+        if bound is None:
+            bound = self.routes[name] = RouteMetrics(self, name)
+            self.breaker_state.labels(name)
+        return bound
+
+    # -- policies.events.Events ----------------------------------------------------------------
+
+    def attempt(self, route: str, outcome: str) -> None:
+        self.upstream_attempts.labels(route, outcome).inc()
+
+    def retry(self, route: str, reason: str) -> None:
+        self.retries.labels(route, reason).inc()
+
+    def budget_exhausted(self, route: str) -> None:
+        self.retry_budget_exhausted.labels(route).inc()
+
+    def ratelimit(self, route: str, decision: str, waited_s: float) -> None:
+        self.ratelimit_decisions.labels(route, decision).inc()
+        if decision == "delayed":
+            self.ratelimit_wait.labels(route).observe(waited_s)
+
+    def breaker_transition(self, route: str, state: str) -> None:
+        self.breaker_state.labels(route).set(BREAKER_STATES.get(state, 0))
+        self.breaker_transitions.labels(route, state).inc()
+
+    def cache(self, route: str, result: str) -> None:
+        self.cache_results.labels(route, result).inc()
+
+    def coalesced(self, route: str) -> None:
+        self.coalesced_requests.labels(route).inc()
+
+    def search_variant(self, route: str, outcome: str) -> None:
+        self.search_variants.labels(route, outcome).inc()
+
+    def redis_state(self, up: bool) -> None:
+        self.redis_up.set(1 if up else 0)
+        self.redis_transitions.labels("up" if up else "down").inc()

@@ -1,0 +1,65 @@
+"""Matching a request target to a route, and confining the forwarded path to that route's upstream.
+
+Only configured upstreams are ever contacted: the target must be origin-form (`/path?query`),
+and a path that could be read as another host or another route (`//host`, `..`, `%2F`, `\\`)
+is refused before any policy runs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+from urllib.parse import unquote
+
+from proxy.errors import BadRequest, NotFound
+
+R = TypeVar("R")
+
+# Percent-escapes that would change the path's structure once a server decodes them.
+_STRUCTURAL_ESCAPE = re.compile(r"%(2[fF]|5[cC]|00|2[eE])")
+
+
+@dataclass(frozen=True, slots=True)
+class Target:
+    """A confined request target: the path below the route's prefix and the raw query string."""
+
+    rest: str  # "" or a path starting with "/"
+    query_string: str
+
+
+def split_target(raw: str) -> tuple[str, str]:
+    """Split an origin-form request target into path and query, refusing every other form."""
+    if not raw.startswith("/") or raw.startswith("//"):
+        raise BadRequest(
+            "request target must be a path like /tavily/search; absolute URIs and "
+            "protocol-relative paths are refused"
+        )
+    path, _, query = raw.partition("?")
+    path = path.partition("#")[0]
+    if "\\" in path or _STRUCTURAL_ESCAPE.search(path) or "\x00" in unquote(path):
+        raise BadRequest("request path must not contain encoded slashes, dots or backslashes")
+    if any(seg in (".", "..") for seg in path.split("/")):
+        raise BadRequest("request path must not contain '.' or '..' segments")
+    if "//" in path:
+        raise BadRequest("request path must not contain empty segments ('//')")
+    return path, query
+
+
+class Router(Generic[R]):
+    """Longest-prefix match from path to route; a prefix matches whole segments only."""
+
+    def __init__(self, routes: Sequence[tuple[str, R]]) -> None:
+        self._by_length = sorted(routes, key=lambda pr: len(pr[0]), reverse=True)
+        self.prefixes = tuple(sorted(p for p, _ in routes))
+
+    def match(self, raw_target: str) -> tuple[R, Target]:
+        """The route for `raw_target` and the confined remainder; NotFound lists the prefixes."""
+        path, query = split_target(raw_target)
+        for prefix, route in self._by_length:
+            if path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/"):
+                return route, Target(rest=path[len(prefix) :], query_string=query)
+        raise NotFound(
+            f"no route for {path}; configured route prefixes: {', '.join(self.prefixes)}"
+        )
