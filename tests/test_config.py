@@ -1,0 +1,151 @@
+"""Config parsing: typed values, env interpolation, and an error naming the YAML path for each
+class of mistake."""
+
+from __future__ import annotations
+
+import pytest
+
+from proxy.config import (
+    ConfigError,
+    load_config,
+    parse_config,
+    parse_duration,
+    parse_rate,
+    parse_size,
+    redacted,
+)
+
+
+def minimal(**route):
+    body = {"prefix": "/tavily", "upstream": "https://api.tavily.com"}
+    body.update(route)
+    return {"routes": {"tavily": body}}
+
+
+def error_of(raw, env=None) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, env or {})
+    return str(info.value)
+
+
+def test_scalars():
+    assert parse_duration("250ms", "p") == 0.25
+    assert parse_duration("10s", "p") == 10
+    assert parse_duration("5m", "p") == 300
+    assert parse_duration("1h", "p") == 3600
+    assert parse_size("1MiB", "p") == 1024 * 1024
+    assert parse_size("512KiB", "p") == 512 * 1024
+    assert parse_size("2MB", "p") == 2_000_000
+    assert parse_rate("10/s", "p") == 10
+    assert parse_rate("600/m", "p") == 10
+
+
+def test_shipped_config_is_valid():
+    config = load_config("config.yaml", env={})
+    assert {"tavily", "serper", "brave", "exa", "scavio", "searxng"} <= set(config.routes)
+    assert config.redis is None  # make run needs no Redis
+    assert config.routes["tavily"].upstream == "https://api.tavily.com"
+
+
+def test_defaults_and_types():
+    config = parse_config(minimal(), {})
+    t = config.routes["tavily"]
+    assert (t.timeouts.connect, t.timeouts.per_try, t.timeouts.total) == (2.0, 10.0, 30.0)
+    assert t.retry is None and t.cache is None
+    assert config.server.port == 8080 and config.server.max_body_bytes == 1024 * 1024
+
+
+def test_retry_on_key_is_not_a_yaml_boolean(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "routes:\n  t:\n    prefix: /t\n    upstream: http://127.0.0.1:1\n"
+        "    retry: {attempts: 2, on: [429, 5xx, timeout, 418]}\n"
+    )
+    retry = load_config(f, env={}).routes["t"].retry
+    assert retry.on_statuses == {429, 500, 502, 503, 504, 418}
+    assert retry.on_conditions == {"timeout"}
+
+
+def test_bad_duration_names_the_path():
+    msg = error_of(minimal(timeouts={"per_try": "ten"}))
+    assert msg == 'routes.tavily.timeouts.per_try: expected a duration like 10s, got "ten"'
+
+
+def test_unknown_key_is_an_error():
+    msg = error_of(minimal(retry={"attempts": 3, "backof": {}}))
+    assert msg.startswith("routes.tavily.retry.backof: unknown key")
+    assert error_of({"routes": minimal()["routes"], "sever": {}}).startswith("sever: unknown key")
+
+
+def test_missing_required_key():
+    assert error_of({"routes": {"t": {"prefix": "/t"}}}) == (
+        "routes.t.upstream: required key is missing"
+    )
+    assert error_of({}) == "routes: required key is missing"
+
+
+def test_missing_environment_variable_is_named():
+    raw = minimal(headers={"set": {"Authorization": "Bearer ${TAVILY_API_KEY}"}})
+    msg = error_of(raw, env={})
+    assert (
+        msg
+        == "routes.tavily.headers.set.Authorization: environment variable TAVILY_API_KEY is not set"
+    )
+    ok = parse_config(raw, {"TAVILY_API_KEY": "k1"})
+    assert ok.routes["tavily"].headers.set["Authorization"] == "Bearer k1"
+    assert (
+        parse_config(minimal(upstream="${UP:-http://127.0.0.1:9}"), {}).routes["tavily"].upstream
+        == "http://127.0.0.1:9"
+    )
+
+
+def test_bad_upstream_and_prefix():
+    assert "expected an http(s) URL" in error_of(minimal(upstream="ftp://x"))
+    assert error_of(minimal(upstream="https://u:p@x.com")).startswith("routes.tavily.upstream:")
+    assert error_of(minimal(prefix="tavily")).startswith("routes.tavily.prefix: expected a path")
+    assert "collides with the proxy's own /metrics" in error_of(minimal(prefix="/metrics"))
+    assert "collides" in error_of(minimal(prefix="/admin/x"))
+
+
+def test_duplicate_prefix():
+    raw = {"routes": {"a": minimal()["routes"]["tavily"], "b": minimal()["routes"]["tavily"]}}
+    assert error_of(raw) == "routes.b.prefix: '/tavily' is already the prefix of route 'a'"
+
+
+def test_wrong_types():
+    assert error_of(minimal(retry={"attempts": "3"})) == (
+        "routes.tavily.retry.attempts: expected a whole number >= 1, got '3'"
+    )
+    assert error_of(minimal(retry={"on": ["sometimes"]})).startswith("routes.tavily.retry.on[0]:")
+    assert error_of(minimal(rate_limit={"rate": "fast", "burst": 2})).startswith(
+        "routes.tavily.rate_limit.rate: expected a rate"
+    )
+    assert error_of(minimal(rate_limit={"rate": "10/s"})) == (
+        "routes.tavily.rate_limit.burst: required key is missing"
+    )
+    assert error_of(minimal(timeouts={"per_try": "20s", "total": "10s"})) == (
+        "routes.tavily.timeouts.per_try: must not exceed timeouts.total"
+    )
+
+
+def test_unknown_search_vendor():
+    msg = error_of(minimal(search={"vendor": "altavista"}))
+    assert msg.startswith("routes.tavily.search.vendor: unknown vendor 'altavista'")
+
+
+def test_invalid_yaml_is_located(tmp_path):
+    f = tmp_path / "c.yaml"
+    f.write_text("routes:\n  t: [unclosed\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f)
+    assert "is not valid YAML at line" in str(info.value)
+
+
+def test_redacted_hides_secrets():
+    raw = minimal(headers={"set": {"Authorization": "Bearer sk-live-1", "X-Other": "plain"}})
+    raw["redis"] = {"url": "redis://:hunter2@127.0.0.1:6379/0"}
+    raw["server"] = {"admin_token": "tok-123"}
+    shown = str(redacted(parse_config(raw, {})))
+    for secret in ("sk-live-1", "hunter2", "tok-123"):
+        assert secret not in shown
+    assert "plain" in shown
