@@ -1,1 +1,1 @@
-"""Resilience policies composed per route: retry, backoff, rate limit, breaker, cache, search recovery."""
+"""Resilience policies composed per route: retry, rate limit, breaker, cache, search recovery."""

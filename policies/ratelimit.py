@@ -1,0 +1,373 @@
+"""Token-bucket rate limits per route or per caller, shared by all replicas through Redis.
+
+`TokenBucket` is the pure math, `MemoryBuckets` and `RedisBuckets` keep the buckets, `RateLimit`
+is the policy that takes a token before each upstream attempt and learns pauses from the vendor.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Protocol, TypeAlias
+
+import structlog
+
+from policies.backoff import parse_retry_after
+from policies.clock import Clock
+from policies.events import Events
+from policies.flow import Flow, Handler, Reply
+from policies.shared import UNAVAILABLE, RedisLink
+from proxy.config import RateLimitConfig
+from proxy.errors import RateLimited, seconds_text
+
+log = structlog.get_logger("search_proxy.ratelimit")
+
+# Float sums of intervals land a few ulps off; a wait this short is no wait.
+_EPSILON = 1e-5
+# A vendor header may say anything; a day covers daily quotas and keeps PX in range.
+MAX_PAUSE = 86_400.0
+
+
+@dataclass(frozen=True, slots=True)
+class Grant:
+    """A token is ours after sleeping `wait` seconds (0 = at once)."""
+
+    wait: float
+
+
+@dataclass(frozen=True, slots=True)
+class Refusal:
+    """No token within the allowed wait; one would be free in `retry_after` seconds."""
+
+    retry_after: float
+    paused: bool  # the vendor's pause, not our own rate, is what holds the bucket
+
+
+Decision: TypeAlias = Grant | Refusal
+
+
+class TokenBucket:
+    """`burst` tokens refilled at `rate` per second; a taker may reserve a future token.
+
+    The state is one instant, `full_at`: when the bucket will be full again. Tokens at time t are
+    `burst - (full_at - t) * rate`, negative while future tokens are reserved. A pause holds every
+    token until it ends, and the bucket restarts from one token then, so the requests it held
+    leave at the configured rate instead of all at once.
+    """
+
+    __slots__ = ("_interval", "_span", "burst", "full_at", "paused_until", "rate")
+
+    def __init__(self, rate: float, burst: int, now: float) -> None:
+        if not (rate > 0 and math.isfinite(rate)):
+            raise ValueError(f"rate must be a positive number, got {rate!r}")
+        if burst < 1:
+            raise ValueError(f"burst must be at least 1, got {burst!r}")
+        self.rate = rate
+        self.burst = burst
+        self._interval = 1.0 / rate
+        self._span = burst * self._interval
+        self.full_at = now
+        self.paused_until = now
+
+    def reserve(self, now: float, max_wait: float) -> Decision:
+        """Take the next token if it is free within `max_wait` seconds; a refusal takes nothing."""
+        full_at = max(self.full_at, now) + self._interval
+        wait = max(full_at - self._span - now, self.paused_until - now, 0.0)
+        if wait <= _EPSILON:
+            wait = 0.0
+        if wait > max_wait:
+            return Refusal(wait, paused=self.paused_until > now)
+        self.full_at = full_at
+        return Grant(wait)
+
+    def pause(self, now: float, seconds: float) -> None:
+        """Grant nothing for `seconds`; a later pause extends, a shorter one changes nothing."""
+        until = now + seconds
+        self.paused_until = max(self.paused_until, until)
+        self.full_at = max(self.full_at, until + self._span - self._interval)
+
+    def paused_for(self, now: float) -> float:
+        """Seconds left in the current pause (0 when not paused)."""
+        return max(0.0, self.paused_until - now)
+
+    def idle(self, now: float) -> bool:
+        """Full and not paused: indistinguishable from a new bucket, so it may be dropped."""
+        return self.full_at <= now and self.paused_until <= now
+
+
+class BucketStore(Protocol):
+    """Where one route's buckets live (one per route, chosen at start-up)."""
+
+    async def acquire(self, key: str, max_wait: float) -> Decision:
+        """Reserve a token from bucket `key`, waiting at most `max_wait` seconds for it."""
+        ...
+
+    async def pause(self, key: str, seconds: float) -> None:
+        """Hold bucket `key` for `seconds` (the vendor asked us to back off)."""
+        ...
+
+
+class MemoryBuckets:
+    """Buckets in this process: the store without Redis, and the fallback while Redis is down."""
+
+    def __init__(self, rate: float, burst: int, clock: Clock) -> None:
+        TokenBucket(rate, burst, 0.0)  # validate once at start-up, not on first use
+        self.rate = rate
+        self.burst = burst
+        self.clock = clock
+        self._buckets: dict[str, TokenBucket] = {}
+        # Per-client keys are unbounded; idle buckets are dropped when the map doubles.
+        self._sweep_at = 1024
+
+    def take(self, key: str, max_wait: float) -> Decision:
+        """`acquire` without the await, for callers already on the hot path."""
+        now = self.clock.now()
+        return self._bucket(key, now).reserve(now, max_wait)
+
+    async def acquire(self, key: str, max_wait: float) -> Decision:
+        return self.take(key, max_wait)
+
+    async def pause(self, key: str, seconds: float) -> None:
+        now = self.clock.now()
+        self._bucket(key, now).pause(now, seconds)
+
+    def paused_for(self, key: str) -> float:
+        """Seconds left in bucket `key`'s pause."""
+        bucket = self._buckets.get(key)
+        return 0.0 if bucket is None else bucket.paused_for(self.clock.now())
+
+    def __len__(self) -> int:
+        return len(self._buckets)
+
+    def _bucket(self, key: str, now: float) -> TokenBucket:
+        bucket = self._buckets.get(key)
+        if bucket is None:
+            if len(self._buckets) >= self._sweep_at:
+                self._sweep(now)
+            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, now)
+        return bucket
+
+    def _sweep(self, now: float) -> None:
+        self._buckets = {k: b for k, b in self._buckets.items() if not b.idle(now)}
+        self._sweep_at = max(1024, 2 * len(self._buckets))
+
+
+# Both scripts read time from Redis (replicas' clocks differ) and keep times as milliseconds.
+# Lua numbers returned to Redis are truncated to integers, so fractions go back as strings.
+# KEYS[1] holds the bucket's full_at, KEYS[2] the pause's end; both share a {hash tag}.
+_TIME_MS = """
+local t = redis.call('TIME')
+local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
+"""
+
+ACQUIRE_SCRIPT = (
+    """
+-- ARGV: interval ms, burst, max wait ms. Returns {granted 1|0, wait ms, pause left ms}.
+"""
+    + _TIME_MS
+    + """
+local interval = tonumber(ARGV[1])
+local full_at = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now) + interval
+local paused = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) - now, 0)
+local wait = math.max(full_at - tonumber(ARGV[2]) * interval - now, paused, 0)
+if wait <= 0.01 then wait = 0 end
+if wait > tonumber(ARGV[3]) then
+  return {0, string.format('%.3f', wait), string.format('%.3f', paused)}
+end
+-- The key lives exactly until the bucket is full again, when it means nothing.
+redis.call('SET', KEYS[1], string.format('%.17g', full_at), 'PX', math.ceil(full_at - now))
+return {1, string.format('%.3f', wait), string.format('%.3f', paused)}
+"""
+)
+
+PAUSE_SCRIPT = (
+    """
+-- ARGV: interval ms, burst, pause ms. Same rule as TokenBucket.pause. Returns 1.
+"""
+    + _TIME_MS
+    + """
+local interval = tonumber(ARGV[1])
+local ms = tonumber(ARGV[3])
+local untl = now + ms
+local prev = tonumber(redis.call('GET', KEYS[2]))
+if prev == nil or prev < untl then
+  redis.call('SET', KEYS[2], string.format('%.17g', untl), 'PX', math.ceil(ms))
+end
+local full_at = math.max(tonumber(redis.call('GET', KEYS[1])) or now,
+                         untl + (tonumber(ARGV[2]) - 1) * interval)
+redis.call('SET', KEYS[1], string.format('%.17g', full_at), 'PX', math.ceil(full_at - now))
+return 1
+"""
+)
+
+
+class RedisBuckets:
+    """Buckets shared by every replica: one EVALSHA per acquire, in-process while Redis is down.
+
+    A pause is also kept locally, so it holds even if Redis loses it; the local buckets take no
+    tokens while Redis answers, so each replica starts an outage with a full burst.
+    """
+
+    def __init__(self, link: RedisLink, rate: float, burst: int, clock: Clock) -> None:
+        self.link = link
+        self.clock = clock
+        self.local = MemoryBuckets(rate, burst, clock)
+        self._interval_ms = repr(1000.0 / rate)
+        self._burst = str(burst)
+        self._prefix = link.key("ratelimit", "{")
+        self._acquire = link.client.register_script(ACQUIRE_SCRIPT)
+        self._pause = link.client.register_script(PAUSE_SCRIPT)
+
+    def keys(self, key: str) -> tuple[str, str]:
+        """The Redis keys of bucket `key`: its full_at and its pause."""
+        bucket = f"{self._prefix}{key}}}"
+        return bucket, bucket + ":pause"
+
+    async def acquire(self, key: str, max_wait: float) -> Decision:
+        local_pause = self.local.paused_for(key)
+        if local_pause > max_wait:
+            return Refusal(local_pause, paused=True)
+        args = (self._interval_ms, self._burst, f"{max(0.0, max_wait) * 1000:.3f}")
+        keys = self.keys(key)
+        result = await self.link.run(lambda r: self._acquire(keys=keys, args=args, client=r))
+        if result is UNAVAILABLE:
+            return self.local.take(key, max_wait)
+        granted, wait_ms, paused_ms = result
+        wait = max(float(wait_ms) / 1000, local_pause)
+        if not granted:
+            return Refusal(wait, paused=float(paused_ms) > 0 or local_pause > 0)
+        return Grant(wait)
+
+    async def pause(self, key: str, seconds: float) -> None:
+        await self.local.pause(key, seconds)
+        args = (self._interval_ms, self._burst, f"{seconds * 1000:.3f}")
+        keys = self.keys(key)
+        await self.link.run(lambda r: self._pause(keys=keys, args=args, client=r))
+
+
+def bucket_store(config: RateLimitConfig, clock: Clock, link: RedisLink | None) -> BucketStore:
+    """The store for one route: shared through Redis when a link is configured, else in-process."""
+    if link is None:
+        return MemoryBuckets(config.rate, config.burst, clock)
+    return RedisBuckets(link, config.rate, config.burst, clock)
+
+
+Hint = Callable[[Reply], float | None]
+"""Seconds to pause the bucket, read from an upstream reply before the vendor answers 429."""
+
+
+def quota_hint(remaining: str = "X-RateLimit-Remaining", reset: str = "X-RateLimit-Reset") -> Hint:
+    """A hint for `Remaining: 0` + `Reset: <seconds>` headers, comma lists included (Brave)."""
+
+    def hint(reply: Reply) -> float | None:
+        left = reply.headers.get(remaining)
+        if left is None or "0" not in left:
+            return None
+        resets = reply.headers.get(reset, "").split(",")
+        pause: float | None = None
+        for i, count in enumerate(left.split(",")):
+            if count.strip() != "0" or i >= len(resets):
+                continue
+            try:
+                seconds = float(resets[i])
+            except ValueError:
+                continue
+            if math.isfinite(seconds) and seconds > 0:
+                pause = seconds if pause is None else max(pause, seconds)
+        return pause
+
+    return hint
+
+
+def _rate_text(rate: float) -> str:
+    if rate >= 1:
+        return f"{round(rate, 3):g}/s"
+    if rate * 60 >= 1:
+        return f"{round(rate * 60, 3):g}/m"
+    return f"{round(rate * 3600, 3):g}/h"
+
+
+class RateLimit:
+    """Takes a token before each upstream attempt (it runs inside the retry loop).
+
+    The wait allowed is `min(max_wait, time left before the deadline)`: within it the request
+    sleeps for its reserved token (delayed), beyond it gets `RateLimited` with the time until a
+    token is free. A vendor 429 with Retry-After, or a `hint`, pauses the bucket on every replica.
+    """
+
+    def __init__(
+        self,
+        route: str,
+        config: RateLimitConfig,
+        store: BucketStore,
+        clock: Clock,
+        events: Events,
+        hint: Hint | None = None,
+    ) -> None:
+        self.route = route
+        self.config = config
+        self.store = store
+        self.clock = clock
+        self.events = events
+        self.hint = hint
+        self._per_client = config.key == "client"
+        self._route_key = route
+        self._client_prefix = route + "|"
+        per = " per client" if self._per_client else ""
+        self._limit_text = f"rate limit of {_rate_text(config.rate)}{per}"
+
+    def bucket_key(self, flow: Flow) -> str:
+        """The bucket this request draws from: the route's, or its caller's."""
+        if not self._per_client:
+            return self._route_key
+        identity = None
+        if self.config.client_header is not None:
+            identity = flow.headers.get(self.config.client_header)
+        if identity is None:
+            identity = flow.client or "anonymous"
+        # Identity headers may carry credentials: only a digest goes into keys.
+        digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
+        return self._client_prefix + digest
+
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        key = self.bucket_key(flow)
+        allowed = max(0.0, min(self.config.max_wait, flow.deadline - self.clock.now()))
+        decision = await self.store.acquire(key, allowed)
+        if isinstance(decision, Refusal):
+            self.events.ratelimit(self.route, "rejected", 0.0)
+            raise RateLimited(
+                self._refusal_text(decision),
+                route=self.route,
+                attempts=flow.attempts,
+                retry_after_s=decision.retry_after,
+            )
+        if decision.wait > 0:
+            await self.clock.sleep(decision.wait)
+            self.events.ratelimit(self.route, "delayed", decision.wait)
+        else:
+            self.events.ratelimit(self.route, "allowed", 0.0)
+        reply = await call_next(flow)
+        pause = self.pause_for(reply)
+        if pause > 0:
+            log.info("ratelimit_paused", route=self.route, seconds=round(pause, 3))
+            await self.store.pause(key, pause)
+        return reply
+
+    def pause_for(self, reply: Reply) -> float:
+        """Seconds the vendor's reply asks us to hold the bucket (0 = none)."""
+        pause = 0.0
+        if reply.status == 429:
+            pause = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall()) or 0.0
+        if self.hint is not None:
+            hinted = self.hint(reply)
+            if hinted is not None and math.isfinite(hinted):
+                pause = max(pause, hinted)
+        return min(pause, MAX_PAUSE)
+
+    def _refusal_text(self, refusal: Refusal) -> str:
+        retry = seconds_text(refusal.retry_after)
+        if refusal.paused:
+            return f"{self.route}: the vendor asked us to slow down; retry in {retry}"
+        return f"{self.route}: {self._limit_text} reached; retry in {retry}"
