@@ -24,6 +24,7 @@ class Reply:
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
     release: Callable[[], None] | None = None
+    outcome: str | None = None  # set once by the route's classifier, so the body is parsed once
 
     def discard(self) -> None:
         """Give back the upstream connection of a reply we will not send."""

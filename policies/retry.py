@@ -43,7 +43,11 @@ Classifier = Callable[[Reply], str]
 
 def status_outcome(reply: Reply) -> str:
     """Classify a reply by its status alone."""
-    status = reply.status
+    return outcome_of_status(reply.status)
+
+
+def outcome_of_status(status: int) -> str:
+    """ok, 429, 5xx or client_error."""
     if status < 400:
         return "ok"
     if status == 429:

@@ -1,12 +1,14 @@
 """Building each route, once at start-up, into its chain of policies around the upstream call.
 
-The order is fixed and documented (README, "How a request flows"):
+The order is fixed (README, "How a request flows"); policies a route does not configure are
+left out:
 
     search guard -> cache -> breaker -> search recovery -> retry -> rate limit -> upstream
 
-The cache sits outside the breaker and the limiter so that an open circuit or a refused token
-can still be answered stale; the limiter sits inside the retry loop so every attempt, and only
-attempts that reach the vendor, spends a token.
+The guard refuses bad queries before anything is spent. The cache sits outside the breaker and
+the limiter so an open circuit or a refused token can still be answered stale. The breaker sees
+one outcome per request, after retries. The limiter sits inside the retry loop so that every
+attempt, and only attempts that reach the vendor, spends a token.
 """
 
 from __future__ import annotations
@@ -18,8 +20,11 @@ import aiohttp
 
 from policies.clock import Clock
 from policies.events import Events
-from policies.flow import Handler, Policy, compose
-from policies.retry import NO_RETRY, Retry
+from policies.flow import Handler, Policy, Reply, compose
+from policies.profiles import VendorProfile, ratelimit_hint
+from policies.ratelimit import RateLimit, bucket_store, quota_hint
+from policies.retry import NO_RETRY, Classifier, Retry, status_outcome
+from policies.search import SearchGuard, SearchRecovery, search_classifier
 from policies.shared import RedisLink
 from proxy.config import Config, RouteConfig
 from proxy.forward import Upstream
@@ -36,9 +41,10 @@ class Route:
     set_headers: tuple[tuple[str, str], ...]
     remove_headers: frozenset[str]
     policies: list[Policy] = field(default_factory=list)
+    classify: Classifier = status_outcome
+    profile: VendorProfile | None = None
     breaker: Any = None
     cache: Any = None
-    profile: Any = None
 
     @property
     def name(self) -> str:
@@ -56,20 +62,55 @@ class Deps:
     redis: RedisLink | None
 
 
+def _profile_hint(profile: VendorProfile, clock: Clock):
+    """Pause the bucket when the vendor's headers say the quota is spent (before the 429)."""
+
+    def hint(reply: Reply) -> float | None:
+        found = ratelimit_hint(profile, reply.headers, now=clock.wall())
+        if found is None or found.remaining > 0:
+            return None
+        return found.reset_s
+
+    return hint
+
+
 def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     """Compose one route's policies, in the documented order, around its upstream."""
     events: Events = deps.metrics
-    policies: list[Policy] = [
+    clock = deps.clock
+    profile = deps.config.profiles[cfg.search.vendor] if cfg.search else None
+    classify = search_classifier(profile) if profile is not None else status_outcome
+
+    policies: list[Policy] = []
+    if cfg.search is not None:
+        policies.append(SearchGuard(cfg.name, profile, cfg.search, classify, clock))
+    if cfg.search is not None and cfg.search.on_empty == "simplify":
+        policies.append(SearchRecovery(cfg.name, profile, cfg.search, classify, clock, events))
+    policies.append(
         Retry(
             cfg.name,
             cfg.retry or NO_RETRY,
             per_try=cfg.timeouts.per_try,
-            clock=deps.clock,
+            clock=clock,
             events=events,
+            classify=classify,
         )
-    ]
+    )
+    if cfg.rate_limit is not None:
+        hint = _profile_hint(profile, clock) if profile and profile.ratelimit_headers else None
+        policies.append(
+            RateLimit(
+                cfg.name,
+                cfg.rate_limit,
+                bucket_store(cfg.rate_limit, clock, deps.redis),
+                clock,
+                events,
+                hint=hint or quota_hint(),
+            )
+        )
+
     metrics = deps.metrics.route(cfg.name)
-    upstream = Upstream(cfg, deps.session, deps.clock, observe=metrics.upstream_duration.observe)
+    upstream = Upstream(cfg, deps.session, clock, observe=metrics.upstream_duration.observe)
     return Route(
         config=cfg,
         handler=compose(policies, upstream),
@@ -77,4 +118,6 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         set_headers=tuple(cfg.headers.set.items()),
         remove_headers=frozenset(h.lower() for h in cfg.headers.remove),
         policies=policies,
+        classify=classify,
+        profile=profile,
     )

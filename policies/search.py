@@ -1,0 +1,183 @@
+"""Search-aware policies: classify answers by vendor profile, guard the vendor from malformed or
+looping requests, and recover from empty results by retrying simpler queries.
+
+Queries are found and rewritten by the route's `VendorProfile` (policies/profiles.py) and made
+simpler by `simplify_query` (policies/simplify.py); the vendor's body is never changed, so SDKs
+parse it as before. The query that produced the results is in `X-Search-Query-Used`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+from urllib.parse import parse_qsl, quote
+
+from multidict import CIMultiDict
+
+from policies.clock import Clock
+from policies.events import Events
+from policies.flow import Flow, Handler, Reply
+from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query
+from policies.retry import Classifier, outcome_of_status
+from policies.simplify import simplify_query
+from proxy.config import SearchConfig
+from proxy.errors import BadRequest, ProxyError
+
+# Statuses that mean "this exact request will fail again": bad key, no credits, bad input.
+TERMINAL_STATUSES = frozenset({400, 401, 402, 403, 422})
+LOOP_GUARD_ENTRIES = 10_000
+
+
+def search_classifier(profile: VendorProfile) -> Classifier:
+    """A classifier reading the body by the vendor's profile; streams go by status alone."""
+    verdicts = {
+        Verdict.OK: "ok",
+        Verdict.EMPTY: "empty",
+        Verdict.MALFORMED: "malformed",
+        Verdict.TERMINAL: "terminal",
+    }
+
+    def classify(reply: Reply) -> str:
+        if reply.outcome is None:
+            if reply.stream is not None:
+                reply.outcome = outcome_of_status(reply.status)
+            else:
+                verdict = assess(profile, reply.status, reply.body).verdict
+                reply.outcome = verdicts.get(verdict) or outcome_of_status(reply.status)
+        return reply.outcome
+
+    return classify
+
+
+def find_query(profile: VendorProfile, flow: Flow) -> QueryRef | None:
+    """Where this request's query is, if it is a search call the profile recognises."""
+    query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
+    return extract_query(profile, path=flow.path, query=query, body=flow.body)
+
+
+class SearchGuard:
+    """Refuses queries that would waste quota, and replays a terminal failure to a client that
+    repeats the identical request within `loop_guard` seconds (a header marks the replay)."""
+
+    def __init__(
+        self,
+        route: str,
+        profile: VendorProfile,
+        config: SearchConfig,
+        classify: Classifier,
+        clock: Clock,
+    ) -> None:
+        self.route = route
+        self.profile = profile
+        self.config = config
+        self.classify = classify
+        self.clock = clock
+        self._failures: OrderedDict[str, tuple[float, Reply]] = OrderedDict()
+
+    def validate(self, ref: QueryRef | None) -> None:
+        """Raise BadRequest, naming the field, for a query no vendor should be asked."""
+        if ref is None:
+            return
+        field = ref.location.field or "query"
+        if not ref.is_text:
+            raise BadRequest(f"{self.route}: the search query ({field}) must be text")
+        if not ref.text.strip():
+            raise BadRequest(
+                f"{self.route}: the search query ({field}) is empty; send the words to search for"
+            )
+        if len(ref.text) > self.config.max_query_chars:
+            raise BadRequest(
+                f"{self.route}: the search query ({field}) is {len(ref.text)} characters, over "
+                f"the limit of {self.config.max_query_chars}; shorten it to its key terms"
+            )
+
+    def _key(self, flow: Flow) -> str:
+        digest = hashlib.blake2b(digest_size=16)
+        for part in (flow.client, flow.method, flow.path, flow.query_string):
+            digest.update(part.encode())
+            digest.update(b"\0")
+        digest.update(flow.body)
+        return digest.hexdigest()
+
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        self.validate(find_query(self.profile, flow))
+        if self.config.loop_guard <= 0:
+            return await call_next(flow)
+        key = self._key(flow)
+        now = self.clock.now()
+        remembered = self._failures.get(key)
+        if remembered is not None:
+            until, reply = remembered
+            if now < until:
+                headers = CIMultiDict(reply.headers)
+                headers["X-Loop-Guard"] = "replayed"
+                return Reply(reply.status, headers, reply.body)
+            del self._failures[key]
+        reply = await call_next(flow)
+        outcome = self.classify(reply)
+        terminal = outcome == "terminal" or (
+            outcome != "empty" and reply.status in TERMINAL_STATUSES
+        )
+        if terminal and reply.stream is None:
+            self._failures[key] = (now + self.config.loop_guard, reply)
+            if len(self._failures) > LOOP_GUARD_ENTRIES:
+                self._failures.popitem(last=False)
+        return reply
+
+
+class SearchRecovery:
+    """On an empty answer, tries progressively simpler variants of the query, each a normal
+    attempt inside the same deadline and retry budget, and answers with the first that finds
+    something (or with the original empty answer)."""
+
+    def __init__(
+        self,
+        route: str,
+        profile: VendorProfile,
+        config: SearchConfig,
+        classify: Classifier,
+        clock: Clock,
+        events: Events,
+    ) -> None:
+        self.route = route
+        self.profile = profile
+        self.config = config
+        self.classify = classify
+        self.clock = clock
+        self.events = events
+
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        ref = find_query(self.profile, flow)
+        reply = await call_next(flow)
+        if ref is None or not ref.is_text or self.classify(reply) != "empty":
+            return reply
+        original = (flow.path, flow.query_string, flow.body)
+        for variant in simplify_query(ref.text, self.config.max_variants):
+            if self.clock.now() >= flow.deadline:
+                break
+            flow.path, flow.query_string, flow.body = replace_query(
+                self.profile,
+                ref,
+                variant,
+                path=original[0],
+                query_string=original[1],
+                body=original[2],
+            )
+            try:
+                candidate = await call_next(flow)
+            except ProxyError:
+                self.events.search_variant(self.route, "failed")
+                break
+            outcome = self.classify(candidate)
+            if outcome == "ok":
+                self.events.search_variant(self.route, "results")
+                reply.discard()
+                flow.query_used = variant
+                flow.reply_headers["X-Search-Query-Used"] = quote(variant, safe="")
+                return candidate
+            self.events.search_variant(self.route, "empty" if outcome == "empty" else "failed")
+            candidate.discard()
+            if outcome != "empty":
+                break
+        flow.path, flow.query_string, flow.body = original
+        return reply

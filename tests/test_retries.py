@@ -1,0 +1,173 @@
+"""Retries end to end: which failures are retried, how long the proxy waits, the deadline and
+the budget, counted at the fake vendor."""
+
+from __future__ import annotations
+
+import time
+
+from tests.conftest import route
+from tests.fakevendor import Fault
+
+RETRY = {
+    "attempts": 3,
+    "on": [429, "5xx", "timeout", "connect_error", "reset", "malformed"],
+    "backoff": {"initial": "10ms", "max": "50ms"},
+}
+
+
+def tavily(vendor, retry=None, timeouts=None, **extra):
+    body = route(vendor.url + "/tavily", "/tavily", retry=retry or RETRY, **extra)
+    if timeouts:
+        body["timeouts"] = timeouts
+    return {"routes": {"tavily": body}}
+
+
+async def search(client, query="retry me"):
+    return await client.post("/tavily/search", json={"query": query})
+
+
+async def test_two_503s_then_success(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor))
+    vendor.script(Fault.status(503), Fault.status(503))
+    r = await search(client)
+    assert r.status == 200
+    assert (await r.json())["results"]
+    assert vendor.count() == 3
+    assert r.headers["X-Proxy-Attempts"] == "3"
+    assert [rec.body for rec in vendor.requests] == [vendor.requests[0].body] * 3  # replayed
+
+
+async def test_400_and_401_are_never_retried(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor))
+    for status in (400, 401, 403, 404, 422):
+        vendor.reset()
+        vendor.script(Fault.status(status))
+        r = await search(client)
+        assert r.status == status
+        assert vendor.count() == 1, status
+
+
+async def test_vendor_quota_exhaustion_is_terminal(vendor, start_proxy):
+    listed = {**RETRY, "on": [429, "5xx", 432]}
+    client = await start_proxy(tavily(vendor, retry=listed))
+    vendor.script(Fault.status(432))
+    r = await search(client)
+    assert r.status == 200 and vendor.count() == 2  # no profile, 432 listed: retried
+    search_cfg = {"vendor": "tavily", "on_empty": "pass", "loop_guard": "0s"}
+    client = await start_proxy(tavily(vendor, retry=listed, search=search_cfg))
+    vendor.reset()
+    vendor.script(Fault.status(432))
+    r = await search(client)
+    assert r.status == 432 and vendor.count() == 1  # the Tavily profile: 432 is terminal
+
+
+async def test_retry_after_is_honoured(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor))
+    vendor.script(Fault.status(429, retry_after=1))
+    r = await search(client)
+    assert r.status == 200
+    first, second = vendor.requests
+    assert second.at - first.at >= 1.0
+
+
+async def test_retry_after_longer_than_max_wait_fails_now(vendor, start_proxy):
+    retry = {**RETRY, "retry_after": {"honor": True, "max_wait": "2s"}}
+    client = await start_proxy(tavily(vendor, retry=retry))
+    vendor.script(Fault.status(429, retry_after=30))
+    started = time.monotonic()
+    r = await search(client)
+    assert time.monotonic() - started < 0.5
+    assert r.status == 429
+    err = (await r.json())["error"]
+    assert err["type"] == "upstream_rate_limited"
+    assert err["retry_after_s"] == 30 and err["upstream_status"] == 429
+    assert r.headers["Retry-After"] == "30"
+    assert vendor.count() == 1
+
+
+async def test_hanging_vendor_times_out_then_next_attempt_succeeds(vendor, start_proxy):
+    timeouts = {"connect": "1s", "per_try": "200ms", "total": "3s"}
+    client = await start_proxy(tavily(vendor, timeouts=timeouts))
+    vendor.script(Fault.hang(5))
+    started = time.monotonic()
+    r = await search(client)
+    assert r.status == 200
+    assert 0.2 <= time.monotonic() - started < 1.0
+    assert vendor.count() == 2
+
+
+async def test_attempt_that_cannot_finish_before_deadline_is_not_started(vendor, start_proxy):
+    timeouts = {"connect": "1s", "per_try": "500ms", "total": "1s"}
+    client = await start_proxy(tavily(vendor, timeouts=timeouts))
+    vendor.script(Fault.status(503, retry_after=2))  # waiting 2s would pass the 1s deadline
+    started = time.monotonic()
+    r = await search(client)
+    assert time.monotonic() - started < 0.5  # no sleeping past the deadline
+    assert r.status == 503
+    assert vendor.count() == 1
+
+
+async def test_connection_reset_on_post_is_retried(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor))
+    vendor.script(Fault.reset())
+    r = await search(client)
+    assert r.status == 200
+    assert vendor.count() == 2
+
+
+async def test_malformed_body_is_retried_and_finally_a_502(vendor, start_proxy):
+    search_cfg = {"vendor": "tavily", "on_empty": "pass"}
+    client = await start_proxy(tavily(vendor, search=search_cfg))
+    vendor.script(Fault.malformed())
+    r = await search(client)
+    assert r.status == 200 and vendor.count() == 2
+    vendor.reset()
+    vendor.set_default(Fault.malformed())
+    r = await search(client)
+    assert r.status == 502
+    err = (await r.json())["error"]
+    assert err["type"] == "upstream_malformed" and err["attempts"] == 3
+    assert vendor.count() == 3
+
+
+async def test_exhausted_retries_pass_the_vendor_answer_through(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor))
+    vendor.set_default(Fault.status(503))
+    r = await search(client)
+    assert r.status == 503
+    assert r.headers["X-Proxy-Attempts"] == "3"
+    assert "detail" in await r.json()  # the vendor's own body
+
+
+async def test_budget_stops_retries_during_an_outage(vendor, start_proxy):
+    retry = {**RETRY, "budget": {"ratio": 0.0, "min_per_s": 2}}
+    client = await start_proxy(tavily(vendor, retry=retry))
+    vendor.set_default(Fault.status(503))
+    for _ in range(20):
+        assert (await search(client)).status == 503
+    # Without a budget: 60 vendor calls. With ratio 0, only the floor of 2 retries a second.
+    assert vendor.count() <= 20 + 2 * 2
+    metrics = await (await client.get("/metrics")).text()
+    exhausted = [
+        line
+        for line in metrics.splitlines()
+        if line.startswith('search_proxy_retry_budget_exhausted_total{route="tavily"}')
+    ]
+    assert exhausted and float(exhausted[0].split()[-1]) >= 15
+
+
+async def test_attempt_and_retry_metrics(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor))
+    vendor.script(Fault.status(503), Fault.status(429))
+    assert (await search(client)).status == 200
+    text = await (await client.get("/metrics")).text()
+    assert 'search_proxy_retries_total{reason="5xx",route="tavily"} 1.0' in text
+    assert 'search_proxy_retries_total{reason="429",route="tavily"} 1.0' in text
+    assert 'search_proxy_upstream_attempts_total{outcome="ok",route="tavily"} 1.0' in text
+
+
+async def test_methods_not_listed_are_not_retried(vendor, start_proxy):
+    client = await start_proxy(tavily(vendor, retry={**RETRY, "methods": ["GET"]}))
+    vendor.script(Fault.status(503))
+    r = await search(client)
+    assert r.status == 503 and vendor.count() == 1
