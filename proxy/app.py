@@ -28,6 +28,7 @@ from proxy.logs import redact_query
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, Route, build_route
 from proxy.routing import Router
+from proxy.search_api import SearchApi
 
 log = structlog.get_logger("search_proxy")
 
@@ -44,6 +45,7 @@ class ProxyState:
     metrics: Metrics
     routes: dict[str, Route] = field(default_factory=dict)
     router: Router[Route] | None = None
+    search_api: SearchApi | None = None
     session: aiohttp.ClientSession | None = None
     redis: RedisLink | None = None
 
@@ -221,6 +223,11 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     )
 
 
+async def search_endpoint(request: web.Request) -> web.Response:
+    """POST /v1/search: one normalised search across the configured providers."""
+    return await request.app[STATE].search_api.handle(request)  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------------------------------------
 # Assembly
 
@@ -250,6 +257,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)
     state.routes = {name: build_route(cfg, deps) for name, cfg in state.config.routes.items()}
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
+    state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics)
     for route in state.routes.values():
         if route.breaker is not None:
             await route.breaker.start()
@@ -276,5 +284,6 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
+    app.router.add_post("/v1/search", search_endpoint)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     return app

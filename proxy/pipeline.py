@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from policies.cache import StaleCache, build_store, default_storable
 from policies.clock import Clock
 from policies.events import Events
 from policies.flow import Handler, Policy, Reply, compose
@@ -74,6 +75,15 @@ def _profile_hint(profile: VendorProfile, clock: Clock):
     return hint
 
 
+def _storable(classify: Classifier):
+    """A search answer is cached when it is a 2xx the profile reads as results or as empty."""
+
+    def storable(reply: Reply) -> bool:
+        return 200 <= reply.status < 300 and classify(reply) in ("ok", "empty")
+
+    return storable
+
+
 def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     """Compose one route's policies, in the documented order, around its upstream."""
     events: Events = deps.metrics
@@ -84,6 +94,17 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     policies: list[Policy] = []
     if cfg.search is not None:
         policies.append(SearchGuard(cfg.name, profile, cfg.search, classify, clock))
+    cache = None
+    if cfg.cache is not None:
+        cache = StaleCache(
+            cfg.name,
+            cfg.cache,
+            build_store(cfg.cache, deps.redis, clock),
+            clock,
+            events,
+            storable=_storable(classify) if profile is not None else default_storable,
+        )
+        policies.append(cache)
     if cfg.search is not None and cfg.search.on_empty == "simplify":
         policies.append(SearchRecovery(cfg.name, profile, cfg.search, classify, clock, events))
     policies.append(
@@ -120,4 +141,5 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         policies=policies,
         classify=classify,
         profile=profile,
+        cache=cache,
     )

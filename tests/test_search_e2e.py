@@ -1,0 +1,196 @@
+"""Search-aware recovery end to end: simplified queries on empty results, query validation, the
+loop guard, and /v1/search falling back across vendors."""
+
+from __future__ import annotations
+
+from urllib.parse import unquote
+
+from policies.simplify import simplify_query
+from tests.conftest import route
+from tests.fakevendor import FakeVendor, Fault, expected_urls
+
+RETRY = {"attempts": 2, "backoff": {"initial": "10ms", "max": "20ms"}}
+
+
+def provider(vendor_url: str, name: str, **extra):
+    extra.setdefault("search", {"vendor": name})
+    extra.setdefault("retry", RETRY)
+    return route(f"{vendor_url}/{name}", f"/{name}", **extra)
+
+
+async def test_empty_results_are_retried_with_simpler_queries(vendor, start_proxy):
+    client = await start_proxy({"routes": {"tavily": provider(vendor.url, "tavily")}})
+    vendor.empty_when_words_over(3)
+    query = 'what is the "best" python web framework in 2024'
+    r = await client.post("/tavily/search", json={"query": query, "max_results": 3})
+    assert r.status == 200
+    used = unquote(r.headers["X-Search-Query-Used"])
+    assert len(used.split()) <= 3
+    body = await r.json()
+    assert [x["url"] for x in body["results"]] == expected_urls(used)
+    assert 2 <= vendor.count() <= 4  # the original and at most max_variants (3) variants
+    sent = [rec.json()["query"] for rec in vendor.requests]
+    assert sent[0] == query and sent[-1] == used
+    assert all(rec.json()["max_results"] == 3 for rec in vendor.requests)  # rest unchanged
+
+
+async def test_empty_results_pass_through_when_nothing_helps(vendor, start_proxy):
+    client = await start_proxy({"routes": {"tavily": provider(vendor.url, "tavily")}})
+    vendor.set_default(Fault.empty())
+    query = "how to configure retries for python web clients quickly"
+    r = await client.post("/tavily/search", json={"query": query})
+    assert r.status == 200
+    assert (await r.json())["results"] == []
+    assert "X-Search-Query-Used" not in r.headers
+    variants = simplify_query(query, 3)
+    assert len(variants) == 3
+    assert [rec.json()["query"] for rec in vendor.requests] == [query, *variants]
+
+
+async def test_brave_query_parameter_is_simplified(vendor, start_proxy):
+    client = await start_proxy({"routes": {"brave": provider(vendor.url, "brave")}})
+    vendor.empty_when_words_over(3)
+    r = await client.get("/brave/res/v1/web/search", params={"q": "rust async runtime comparison"})
+    assert r.status == 200
+    assert (await r.json())["web"]["results"]
+    assert vendor.last.query["q"] == "rust async runtime"
+    assert unquote(r.headers["X-Search-Query-Used"]) == "rust async runtime"
+
+
+async def test_bad_queries_are_refused_without_a_vendor_call(vendor, start_proxy):
+    routes = {
+        "tavily": provider(vendor.url, "tavily", search={"vendor": "tavily", "max_query_chars": 50})
+    }
+    client = await start_proxy({"routes": routes})
+    for body, needle in (
+        ({"query": "   "}, "is empty"),
+        ({"query": 42}, "must be text"),
+        ({"query": "x" * 51}, "over the limit of 50"),
+    ):
+        r = await client.post("/tavily/search", json=body)
+        assert r.status == 400
+        err = (await r.json())["error"]
+        assert err["type"] == "bad_request" and needle in err["message"]
+        assert "(query)" in err["message"]
+    assert vendor.count() == 0
+
+
+async def test_loop_guard_replays_a_terminal_failure(vendor, start_proxy):
+    client = await start_proxy({"routes": {"tavily": provider(vendor.url, "tavily")}})
+    vendor.set_default(Fault.status(401))
+    key = {"Authorization": "Bearer bad-key"}
+    first = await client.post("/tavily/search", json={"query": "q"}, headers=key)
+    assert first.status == 401 and "X-Loop-Guard" not in first.headers
+    for _ in range(3):  # an SDK retrying blindly
+        again = await client.post("/tavily/search", json={"query": "q"}, headers=key)
+        assert again.status == 401
+        assert again.headers["X-Loop-Guard"] == "replayed"
+        assert await again.json() == await first.json()
+    assert vendor.count() == 1
+    other = await client.post(
+        "/tavily/search", json={"query": "q"}, headers={"Authorization": "Bearer other"}
+    )
+    assert other.status == 401 and vendor.count() == 2  # another caller is not replayed
+
+
+async def two_vendors(aiohttp_server):
+    first, second = FakeVendor(), FakeVendor()
+    urls = []
+    for fake in (first, second):
+        server = await aiohttp_server(fake.make_app())
+        urls.append(str(server.make_url("")).rstrip("/"))
+    return first, second, urls
+
+
+async def test_v1_search_uses_the_first_provider_with_results(aiohttp_server, start_proxy):
+    _first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    client = await start_proxy(
+        {"routes": {"tavily": provider(u1, "tavily"), "brave": provider(u2, "brave")}}
+    )
+    r = await client.post("/v1/search", json={"query": "circuit breakers", "max_results": 2})
+    assert r.status == 200
+    body = await r.json()
+    assert body["provider"] == "tavily" and body["query_used"] == "circuit breakers"
+    assert [x["url"] for x in body["results"]] == expected_urls("circuit breakers", 2)
+    assert set(body["results"][0]) == {"title", "url", "snippet"}
+    assert [a["provider"] for a in body["attempts"]] == ["tavily"]
+    assert second.count() == 0
+
+
+async def test_v1_search_falls_back_when_the_first_provider_is_down(aiohttp_server, start_proxy):
+    first, _second, (u1, u2) = await two_vendors(aiohttp_server)
+    first.down()
+    client = await start_proxy(
+        {"routes": {"tavily": provider(u1, "tavily"), "brave": provider(u2, "brave")}}
+    )
+    r = await client.post("/v1/search", json={"query": "fallback please"})
+    assert r.status == 200
+    body = await r.json()
+    assert body["provider"] == "brave"
+    assert [(a["provider"], a["outcome"], a["status"]) for a in body["attempts"]] == [
+        ("tavily", "failed", 503),
+        ("brave", "results", 200),
+    ]
+    assert first.count() == 2  # its own route's retries
+    providers = await client.post(
+        "/v1/search", json={"query": "only brave", "providers": ["brave"]}
+    )
+    assert (await providers.json())["provider"] == "brave"
+
+
+async def test_v1_search_all_providers_failing_says_what_was_tried(aiohttp_server, start_proxy):
+    first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    first.down()
+    second.set_default(Fault.status(429, retry_after=30))
+    client = await start_proxy(
+        {"routes": {"tavily": provider(u1, "tavily"), "brave": provider(u2, "brave")}}
+    )
+    r = await client.post("/v1/search", json={"query": "nothing works"})
+    assert r.status == 503
+    err = (await r.json())["error"]
+    assert err["type"] == "all_providers_failed"
+    assert err["message"] == (
+        "All 2 providers failed: tavily 503, brave 429 (retry after 30s). "
+        "Retry in 30s or rephrase the query."
+    )
+    assert err["retry_after_s"] == 30
+
+
+async def test_v1_search_filters_and_dedupes(aiohttp_server, start_proxy):
+    _first, _, (u1, _) = await two_vendors(aiohttp_server)
+    raw = {
+        "routes": {"tavily": provider(u1, "tavily")},
+        "search_api": {"blocked_domains": ["example.org"], "max_results": 2},
+    }
+    client = await start_proxy(raw)
+    body = await (await client.post("/v1/search", json={"query": "dedupe me"})).json()
+    assert len(body["results"]) == 2  # the configured default max_results
+    assert all("example.org" not in x["url"] for x in body["results"])
+
+
+async def test_v1_search_batch_answers_in_order(aiohttp_server, start_proxy):
+    first, _, (u1, _) = await two_vendors(aiohttp_server)
+    client = await start_proxy({"routes": {"tavily": provider(u1, "tavily")}})
+    queries = ["alpha query", "beta query", "gamma query"]
+    r = await client.post("/v1/search", json={"queries": queries, "max_results": 1})
+    assert r.status == 200
+    answers = (await r.json())["responses"]
+    assert [a["query"] for a in answers] == queries
+    assert [a["results"][0]["url"] for a in answers] == [expected_urls(q, 1)[0] for q in queries]
+    assert first.count() == 3
+
+
+async def test_v1_search_validates_its_body(aiohttp_server, start_proxy):
+    first, _, (u1, _) = await two_vendors(aiohttp_server)
+    client = await start_proxy({"routes": {"tavily": provider(u1, "tavily")}})
+    for body, field in (
+        ({"query": ""}, "query"),
+        ({"query": "x", "max_results": 0}, "max_results"),
+        ({"query": "x", "providers": ["altavista"]}, "providers[0]"),
+        ({"queries": "not a list"}, "queries"),
+        ({"q": "x"}, "q"),
+    ):
+        r = await client.post("/v1/search", json=body)
+        assert r.status == 400, body
+        assert f"/v1/search: {field} " in (await r.json())["error"]["message"]
+    assert first.count() == 0
