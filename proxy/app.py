@@ -21,6 +21,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from policies.clock import SYSTEM_CLOCK, Clock
 from policies.flow import Flow, Reply
 from policies.shared import RedisLink
+from proxy.admin import Admin
 from proxy.config import Config
 from proxy.errors import MethodNotAllowed, PayloadTooLarge, ProxyError
 from proxy.forward import request_headers
@@ -46,6 +47,7 @@ class ProxyState:
     routes: dict[str, Route] = field(default_factory=dict)
     router: Router[Route] | None = None
     search_api: SearchApi | None = None
+    admin: Admin | None = None
     session: aiohttp.ClientSession | None = None
     redis: RedisLink | None = None
 
@@ -228,6 +230,11 @@ async def search_endpoint(request: web.Request) -> web.Response:
     return await request.app[STATE].search_api.handle(request)  # type: ignore[union-attr]
 
 
+async def admin_endpoint(request: web.Request) -> web.Response:
+    """/admin/*: breaker state and reset, cache purge (see proxy/admin.py for access)."""
+    return await request.app[STATE].admin.dispatch(request)  # type: ignore[union-attr]
+
+
 # ---------------------------------------------------------------------------------------------
 # Assembly
 
@@ -258,6 +265,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.routes = {name: build_route(cfg, deps) for name, cfg in state.config.routes.items()}
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
     state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics)
+    state.admin = Admin(state.routes, state.config.server.admin_token)
     for route in state.routes.values():
         if route.breaker is not None:
             await route.breaker.start()
@@ -285,5 +293,8 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_post("/v1/search", search_endpoint)
+    app.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
+    app.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
+    app.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     return app

@@ -1,0 +1,93 @@
+"""Operator endpoints: breaker state and reset, cache purge.
+
+With `server.admin_token` set (or SEARCH_PROXY_ADMIN_TOKEN in the environment), every admin
+call needs `Authorization: Bearer <token>`. Without a token, only loopback callers may use them:
+an admin surface reachable beyond loopback is never open.
+"""
+
+from __future__ import annotations
+
+import hmac
+import ipaddress
+import os
+
+import orjson
+from aiohttp import web
+
+from proxy.errors import NotFound, ProxyError, Unauthorized
+from proxy.pipeline import Route
+
+TOKEN_ENV = "SEARCH_PROXY_ADMIN_TOKEN"
+
+
+def _is_loopback(remote: str | None) -> bool:
+    try:
+        return remote is not None and ipaddress.ip_address(remote).is_loopback
+    except ValueError:
+        return False
+
+
+def authorize(remote: str | None, authorization: str, token: str | None) -> None:
+    """Raise Unauthorized unless this caller may use the admin endpoints (a pure decision)."""
+    if token:
+        given = authorization.removeprefix("Bearer ").strip()
+        if not hmac.compare_digest(given.encode(), token.encode()):
+            raise Unauthorized("admin endpoints need Authorization: Bearer <server.admin_token>")
+    elif not _is_loopback(remote):
+        raise Unauthorized(
+            "admin endpoints are open to loopback callers only; set server.admin_token "
+            f"(or {TOKEN_ENV}) to use them from elsewhere"
+        )
+
+
+def _json(body: object, status: int = 200) -> web.Response:
+    return web.Response(status=status, body=orjson.dumps(body), content_type="application/json")
+
+
+class Admin:
+    """The admin handlers over the running routes."""
+
+    def __init__(self, routes: dict[str, Route], token: str | None) -> None:
+        self.routes = routes
+        self.token = token or os.environ.get(TOKEN_ENV) or None
+
+    def _route(self, request: web.Request, need: str) -> Route:
+        name = request.match_info["route"]
+        route = self.routes.get(name)
+        if route is None or getattr(route, need) is None:
+            having = sorted(n for n, r in self.routes.items() if getattr(r, need) is not None)
+            raise NotFound(f"no route {name!r} with a {need}; routes with one: {having}")
+        return route
+
+    async def dispatch(self, request: web.Request) -> web.Response:
+        """Authorize, then run the handler named by the matched resource; errors as JSON."""
+        try:
+            authorize(request.remote, request.headers.get("Authorization", ""), self.token)
+            handler = getattr(self, request.match_info.route.name or "")
+            return await handler(request)
+        except ProxyError as err:
+            return _json(err.payload(), err.status)
+
+    async def breakers(self, request: web.Request) -> web.Response:
+        """GET /admin/breakers: every breaker's state and time to half-open."""
+        body = {
+            name: {
+                "state": route.breaker.state,
+                "retry_in_s": round(route.breaker.seconds_until_half_open(), 3),
+            }
+            for name, route in self.routes.items()
+            if route.breaker is not None
+        }
+        return _json({"breakers": body})
+
+    async def reset_breaker(self, request: web.Request) -> web.Response:
+        """POST /admin/breakers/{route}/reset: close it here and, with Redis, everywhere."""
+        route = self._route(request, "breaker")
+        await route.breaker.reset()
+        return _json({"route": route.name, "state": route.breaker.state})
+
+    async def clear_cache(self, request: web.Request) -> web.Response:
+        """DELETE /admin/cache/{route}: drop the route's entries here and in Redis."""
+        route = self._route(request, "cache")
+        cleared = await route.cache.clear()
+        return _json({"route": route.name, "local": cleared.local, "shared": cleared.shared})
