@@ -7,8 +7,9 @@ Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz
 from __future__ import annotations
 
 import hashlib
+import logging
+import os
 import re
-import uuid
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
@@ -50,6 +51,7 @@ class ProxyState:
     admin: Admin | None = None
     session: aiohttp.ClientSession | None = None
     redis: RedisLink | None = None
+    log_requests: bool = True
 
 
 STATE = web.AppKey("state", ProxyState)
@@ -118,7 +120,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     started = clock.now()
     rid = request.headers.get("X-Request-Id", "")
     if not _REQUEST_ID.match(rid):
-        rid = uuid.uuid4().hex
+        rid = os.urandom(16).hex()
     route: Route | None = None
     flow: Flow | None = None
     status = 500
@@ -174,22 +176,35 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             route.metrics.in_flight.dec()
             upstream_s = flow.upstream_seconds + flow.waited_seconds if flow else 0.0
             route.metrics.observe(status, elapsed, elapsed - upstream_s)
-        log.info(
-            "request",
-            request_id=rid,
-            route=route.name if route else None,
-            method=request.method,
-            path=request.path,
-            query=redact_query(request.query_string) if request.query_string else None,
-            status=status,
-            duration_ms=round(elapsed * 1000, 2),
-            upstream_ms=round(flow.upstream_seconds * 1000, 2) if flow else None,
-            attempts=flow.attempts if flow else 0,
-            retries=flow.retry_reasons or None if flow else None,
-            cache=flow.cache if flow else None,
-            breaker=flow.breaker if flow else None,
-        )
+        if state.log_requests:
+            _log_request(request, rid, route, flow, status, elapsed)
     return response
+
+
+def _log_request(
+    request: web.Request,
+    rid: str,
+    route: Route | None,
+    flow: Flow | None,
+    status: int,
+    elapsed: float,
+) -> None:
+    """The one access-log line of a request; credentials are redacted by the log processor."""
+    log.info(
+        "request",
+        request_id=rid,
+        route=route.name if route else None,
+        method=request.method,
+        path=request.path,
+        query=redact_query(request.query_string) if request.query_string else None,
+        status=status,
+        duration_ms=round(elapsed * 1000, 2),
+        upstream_ms=round(flow.upstream_seconds * 1000, 2) if flow else None,
+        attempts=flow.attempts if flow else 0,
+        retries=flow.retry_reasons or None if flow else None,
+        cache=flow.cache if flow else None,
+        breaker=flow.breaker if flow else None,
+    )
 
 
 # ---------------------------------------------------------------------------------------------
@@ -253,6 +268,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         connector=connector,
         auto_decompress=True,
         timeout=aiohttp.ClientTimeout(total=None),
+        # One session serves every agent: a vendor's cookie for one must never reach another.
+        cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent",),
     )
     if state.config.redis is not None:
@@ -287,7 +304,13 @@ def build_app(
     # Bodies are bounded by our own check so the agent gets the JSON 413, not aiohttp's text one;
     # the +1 lets aiohttp's own limit sit just past ours.
     app = web.Application(client_max_size=config.server.max_body_bytes + 1)
-    app[STATE] = ProxyState(config=config, clock=clock, metrics=metrics or Metrics())
+    app[STATE] = ProxyState(
+        config=config,
+        clock=clock,
+        metrics=metrics or Metrics(),
+        # The access line is skipped outright, not built and filtered, below level info.
+        log_requests=logging.getLevelNamesMapping()[config.log.level.upper()] <= logging.INFO,
+    )
     app.cleanup_ctx.append(_lifecycle)
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)

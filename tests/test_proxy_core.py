@@ -314,3 +314,13 @@ async def test_keepalive_connections_are_reused(vendor, start_proxy):
     peers = {r.headers.get("X-Forwarded-For") for r in vendor.requests}
     assert peers == {"127.0.0.1"}
     assert isinstance(client.session, aiohttp.ClientSession)
+
+
+async def test_vendor_cookies_are_never_replayed_to_other_requests(vendor, start_proxy):
+    client = await start_proxy(one_route(vendor, upstream_path="/tavily"))
+    vendor.script(Fault.status(200, headers={"Set-Cookie": "session=agent-a; Path=/"}))
+    first = await client.post("/v/search", json={"query": "a"})
+    assert first.headers["Set-Cookie"].startswith("session=agent-a")  # the agent still sees it
+    async with aiohttp.ClientSession() as other_agent:  # its own, empty cookie jar
+        await other_agent.post(client.make_url("/v/search"), json={"query": "b"})
+    assert "Cookie" not in vendor.last.headers
