@@ -1,0 +1,575 @@
+"""Circuit breakers per route: pybreaker's state machine on our clock, shared by replicas via Redis.
+
+The hot path reads in-memory state only. Trips and closes are written to Redis in the background
+(HSET + PUBLISH); a subscriber and a periodic read apply the other replicas' transitions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import secrets
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Final, NamedTuple
+
+import pybreaker
+import structlog
+from redis.exceptions import RedisError
+
+from policies.clock import SYSTEM_CLOCK, Clock
+from policies.events import Events, NullEvents
+from policies.flow import Flow, Handler, Reply
+from policies.shared import UNAVAILABLE, RedisLink
+from proxy.config import BreakerConfig
+from proxy.errors import (
+    CircuitOpen,
+    DeadlineExceeded,
+    UpstreamMalformed,
+    UpstreamRetryAfterTooLong,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    seconds_text,
+)
+
+log = structlog.get_logger("search_proxy.breaker")
+
+CLOSED: Final = "closed"
+HALF_OPEN: Final = "half_open"
+OPEN: Final = "open"
+_NAMES: Final = {
+    pybreaker.STATE_CLOSED: CLOSED,
+    pybreaker.STATE_HALF_OPEN: HALF_OPEN,
+    pybreaker.STATE_OPEN: OPEN,
+}
+
+# Exceptions that mean the vendor is unwell. Our own refusals (RateLimited, BadRequest) and
+# anything unexpected are not evidence about the vendor: they neither count nor reset the count.
+VENDOR_FAILURES: Final = (
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    DeadlineExceeded,
+    UpstreamMalformed,
+    UpstreamRetryAfterTooLong,
+)
+# The shared record outlives any sane reset_timeout, then goes away with a removed route.
+_RECORD_TTL_MS: Final = 86_400_000
+
+
+def is_vendor_failure(status: int) -> bool:
+    """Whether a vendor reply with `status` counts against the breaker (429 or 5xx)."""
+    return status == 429 or status >= 500
+
+
+class Snapshot(NamedTuple):
+    """A shared transition; across replicas the highest (since_us, origin) wins."""
+
+    state: str  # closed | open; half-open is derived from opened_at by each replica
+    since_us: int  # when the transition happened, unix microseconds
+    opened_us: int  # when the circuit last opened, unix microseconds
+    failures: int  # consecutive failures that opened it
+    origin: str  # the replica that made the transition; breaks ties between equal times
+
+    def newer_than(self, other: Snapshot) -> bool:
+        """Last writer wins, by wall time then origin, so every replica picks the same one."""
+        return (self.since_us, self.origin) > (other.since_us, other.origin)
+
+    def encode(self) -> str:
+        """The pub/sub message: `state|since_us|opened_us|failures|origin`."""
+        return f"{self.state}|{self.since_us}|{self.opened_us}|{self.failures}|{self.origin}"
+
+
+def parse_snapshot(data: bytes | str) -> Snapshot | None:
+    """Decode a pub/sub message; None for anything malformed (never trust the wire)."""
+    if isinstance(data, bytes):
+        data = data.decode("ascii", "replace")
+    parts = data.split("|")
+    if len(parts) != 5 or parts[0] not in (CLOSED, OPEN):
+        return None
+    try:
+        return Snapshot(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4])
+    except ValueError:
+        return None
+
+
+def snapshot_from_hash(fields: dict[bytes, bytes]) -> Snapshot | None:
+    """Decode the state hash (HGETALL); None when it is missing or malformed."""
+    try:
+        return parse_snapshot(
+            b"|".join(fields[k] for k in (b"state", b"since", b"opened_at", b"failures", b"origin"))
+        )
+    except KeyError:
+        return None
+
+
+class ClockedMemoryStorage(pybreaker.CircuitBreakerStorage):
+    """pybreaker's state in process memory, with the open time taken from our Clock.
+
+    pybreaker goes half-open when `datetime.now(UTC) >= opened_at + reset_timeout`, so `opened_at`
+    is reported as "now minus the time elapsed on our clock": that comparison then follows the
+    injected clock (a ManualClock in tests) instead of the wall.
+    """
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__("clocked-memory")
+        self._clock = clock
+        self._state = pybreaker.STATE_CLOSED
+        self._failures = 0
+        self._successes = 0
+        self.opened_mono: float | None = None  # clock.now() when it last opened
+        self.opened_wall = 0.0  # clock.wall() at the same moment, for other replicas
+
+    @property
+    def state(self) -> str:
+        return self._state
+
+    @state.setter
+    def state(self, state: str) -> None:
+        self._state = state
+
+    def increment_counter(self) -> None:
+        self._failures += 1
+
+    def reset_counter(self) -> None:
+        self._failures = 0
+
+    def set_counter(self, failures: int) -> None:
+        """Adopt another replica's failure count along with its open state."""
+        self._failures = failures
+
+    def increment_success_counter(self) -> None:
+        self._successes += 1
+
+    def reset_success_counter(self) -> None:
+        self._successes = 0
+
+    @property
+    def counter(self) -> int:
+        return self._failures
+
+    @property
+    def success_counter(self) -> int:
+        return self._successes
+
+    @property
+    def opened_at(self) -> datetime | None:
+        if self.opened_mono is None:
+            return None
+        return datetime.now(UTC) - timedelta(seconds=self.seconds_open())
+
+    @opened_at.setter
+    def opened_at(self, _pybreaker_now: datetime) -> None:
+        # pybreaker passes datetime.now(UTC); the time that counts is ours.
+        self.mark_opened(self._clock.now(), self._clock.wall())
+
+    def mark_opened(self, mono: float, wall: float) -> None:
+        """Record when the circuit opened, on our monotonic clock and on the wall."""
+        self.opened_mono = mono
+        self.opened_wall = wall
+
+    def seconds_open(self) -> float:
+        """Seconds since the circuit last opened, on our clock."""
+        if self.opened_mono is None:
+            return 0.0
+        return max(0.0, self._clock.now() - self.opened_mono)
+
+
+class SlotGrant(NamedTuple):
+    """A fleet-wide probe slot decision; `key` is None when Redis could not be asked."""
+
+    admitted: bool
+    key: str | None = None
+    token: str = ""
+
+
+_WRITE_LUA: Final = """
+-- KEYS[1] state hash; KEYS[2..] probe slots, freed by every shared transition.
+-- ARGV: state, since_us, opened_us, failures, origin, channel, message, ttl_ms
+-- Last writer wins by (since, origin), the order Snapshot.newer_than uses.
+local current = redis.call('HMGET', KEYS[1], 'since', 'origin')
+local since, new = tonumber(current[1] or '0'), tonumber(ARGV[2])
+if since > new or (since == new and (current[2] or '') >= ARGV[5]) then return 0 end
+redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'opened_at', ARGV[3],
+           'failures', ARGV[4], 'origin', ARGV[5])
+redis.call('PEXPIRE', KEYS[1], ARGV[8])
+if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
+redis.call('PUBLISH', ARGV[6], ARGV[7])
+return 1
+"""
+
+_ACQUIRE_LUA: Final = """
+-- KEYS: probe slots; ARGV: token, lease_ms. Returns the index taken, or 0 when all are busy.
+for i, key in ipairs(KEYS) do
+  if redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then return i end
+end
+return 0
+"""
+
+_RELEASE_LUA: Final = """
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
+class RedisBreakerState:
+    """One route's breaker record in Redis: a hash, N probe-slot keys and a channel.
+
+    Keys share the `{route}` hash tag so each script touches one cluster slot. Every call goes
+    through the RedisLink, so an unreachable Redis costs milliseconds and the caller falls back.
+    """
+
+    def __init__(self, link: RedisLink, route: str, probes: int, probe_lease: float) -> None:
+        self._link = link
+        self._route = route
+        tag = f"{{{route}}}"
+        self.key = link.key("breaker", tag)
+        self.slots = [link.key("breaker", tag, "probe", str(i)) for i in range(1, probes + 1)]
+        self.channel = link.key("breaker", tag, "events")
+        self._lease_ms = max(1, int(probe_lease * 1000))
+        self._write = link.client.register_script(_WRITE_LUA)
+        self._acquire = link.client.register_script(_ACQUIRE_LUA)
+        self._release = link.client.register_script(_RELEASE_LUA)
+        self._tokens = itertools.count()
+        self._instance = secrets.token_hex(6)
+
+    async def write(self, snap: Snapshot) -> bool:
+        """Store and publish `snap` unless Redis holds newer; False if Redis is unreachable."""
+        args = (*snap, self.channel, snap.encode(), _RECORD_TTL_MS)
+        keys = [self.key, *self.slots]
+        result = await self._link.run(lambda r: self._write(keys=keys, args=args, client=r))
+        return result is not UNAVAILABLE
+
+    async def read(self) -> Snapshot | None:
+        """The shared record; None when there is none or Redis is unreachable."""
+        fields = await self._link.run(lambda r: r.hgetall(self.key))
+        if fields is UNAVAILABLE or not fields:
+            return None
+        return snapshot_from_hash(fields)
+
+    async def acquire_probe(self) -> SlotGrant:
+        """Take one of the fleet's half-open probe slots (SET NX PX)."""
+        token = f"{self._instance}:{next(self._tokens)}"
+        args = (token, self._lease_ms)
+        index = await self._link.run(lambda r: self._acquire(keys=self.slots, args=args, client=r))
+        if index is UNAVAILABLE:
+            return SlotGrant(True)
+        if not index:
+            return SlotGrant(False)
+        return SlotGrant(True, self.slots[int(index) - 1], token)
+
+    async def release_probe(self, grant: SlotGrant) -> None:
+        """Free a slot we hold; if Redis is unreachable, its lease frees it instead."""
+        keys, args = [grant.key], [grant.token]
+        await self._link.run(lambda r: self._release(keys=keys, args=args, client=r))
+
+    async def listen(
+        self, apply: Callable[[Snapshot], None], resync: Callable[[], None], retry_every: float
+    ) -> None:
+        """Apply every snapshot published on the channel until cancelled, riding out outages."""
+        pubsub = self._link.client.pubsub()
+        lost = False
+        try:
+            while True:
+                try:
+                    if not pubsub.subscribed:
+                        await pubsub.subscribe(self.channel)
+                    message = await pubsub.get_message(
+                        ignore_subscribe_messages=True, timeout=retry_every
+                    )
+                except (RedisError, OSError) as exc:
+                    if not lost:
+                        lost = True
+                        log.warning("breaker_subscription_lost", route=self._route, error=str(exc))
+                    await asyncio.sleep(retry_every)
+                    continue
+                if lost:
+                    lost = False
+                    log.info("breaker_subscription_resumed", route=self._route)
+                    # Messages published during the outage are gone: read the record now.
+                    resync()
+                if message is not None and message.get("type") == "message":
+                    snap = parse_snapshot(message["data"])
+                    if snap is not None:
+                        apply(snap)
+        finally:
+            with contextlib.suppress(RedisError, OSError):
+                await pubsub.aclose()
+
+
+class _VendorUnwell(Exception):
+    """Raised inside pybreaker's `call` to replay a failed outcome."""
+
+
+def _replay(failed: bool) -> None:
+    if failed:
+        raise _VendorUnwell
+
+
+@dataclass(slots=True)
+class _Probe:
+    epoch: int
+    slot: SlotGrant | None  # the Redis slot we hold, to free when the probe ends
+
+
+class _Transitions(pybreaker.CircuitBreakerListener):
+    def __init__(self, on_change: Callable[[str, str], None]) -> None:
+        self._on_change = on_change
+
+    def state_change(
+        self,
+        cb: pybreaker.CircuitBreaker,
+        old_state: pybreaker.CircuitBreakerState | None,
+        new_state: pybreaker.CircuitBreakerState,
+    ) -> None:
+        old = old_state.name if old_state is not None else ""
+        self._on_change(old, new_state.name)
+
+
+class Breaker:
+    """The breaker policy: fails fast with CircuitOpen while the route's vendor is unwell.
+
+    pybreaker counts outcomes and decides transitions; outcomes are replayed into it with
+    `call` once the awaited upstream answer is known. Half-open admits `half_open_probes`
+    requests fleet-wide; the rest are refused until a probe decides. With a RedisLink, call
+    `start()` to follow the shared state and `stop()` at shutdown.
+    """
+
+    def __init__(
+        self,
+        route: str,
+        config: BreakerConfig,
+        clock: Clock = SYSTEM_CLOCK,
+        events: Events | None = None,
+        link: RedisLink | None = None,
+        *,
+        probe_lease: float = 30.0,
+        sync_interval: float = 1.0,
+    ) -> None:
+        self.route = route
+        self.config = config
+        self._clock = clock
+        self._events = events or NullEvents()
+        self._storage = ClockedMemoryStorage(clock)
+        self._cb = pybreaker.CircuitBreaker(
+            fail_max=config.fail_max,
+            reset_timeout=config.reset_timeout,
+            success_threshold=config.success_threshold,
+            listeners=[_Transitions(self._on_transition)],
+            state_storage=self._storage,
+            name=route,
+            throw_new_error_on_trip=False,
+        )
+        # Bumped on every transition: an outcome only counts in the state it was admitted in.
+        self._epoch = 0
+        self._probes = 0  # probes in flight here during the current half-open epoch
+        self._shared = (
+            RedisBreakerState(link, route, config.half_open_probes, probe_lease) if link else None
+        )
+        self._origin = secrets.token_hex(6)  # this replica's name in shared snapshots
+        self._snapshot = Snapshot(CLOSED, 0, 0, 0, self._origin)
+        self._dirty = False  # the snapshot has not reached Redis yet
+        self._applying_remote = False
+        self._wake = asyncio.Event()
+        self._releases: list[SlotGrant] = []
+        self._sync_interval = sync_interval
+        self._tasks: list[asyncio.Task[None]] = []
+
+    @property
+    def state(self) -> str:
+        """closed, half_open or open."""
+        return _NAMES[self._storage.state]
+
+    def seconds_until_half_open(self) -> float:
+        """Seconds until an open circuit admits a probe; 0 when it is not open."""
+        if self._storage.state != pybreaker.STATE_OPEN:
+            return 0.0
+        return max(0.0, self.config.reset_timeout - self._storage.seconds_open())
+
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        """Refuse while open; otherwise call on and count the outcome."""
+        probe: _Probe | None = None
+        if self._storage.state == pybreaker.STATE_CLOSED:
+            flow.breaker = CLOSED
+            epoch = self._epoch
+        else:
+            probe = await self._admit(flow)
+            epoch = self._epoch if probe is None else probe.epoch
+        try:
+            reply = await call_next(flow)
+        except VENDOR_FAILURES:
+            self._record(epoch, failed=True)
+            raise
+        finally:
+            if probe is not None:
+                self._end_probe(probe)
+        self._record(epoch, failed=is_vendor_failure(reply.status))
+        return reply
+
+    async def start(self) -> None:
+        """Start following the shared state (nothing to do without Redis)."""
+        if self._shared is None or self._tasks:
+            return
+        self._tasks = [
+            asyncio.create_task(self._sync(), name=f"breaker-sync-{self.route}"),
+            asyncio.create_task(
+                self._shared.listen(self._apply, self._wake.set, self._sync_interval),
+                name=f"breaker-listen-{self.route}",
+            ),
+        ]
+
+    async def stop(self) -> None:
+        """Stop the background tasks, pushing a last unsynced transition if Redis allows."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if self._shared is not None:
+            await self._flush()
+
+    async def reset(self) -> None:
+        """Close the circuit (admin endpoint), here and for every replica."""
+        self._storage.reset_counter()
+        if self._storage.state == pybreaker.STATE_CLOSED:
+            self._share(CLOSED)
+        else:
+            self._cb.close()  # the transition listener shares it
+        if self._shared is not None:
+            await self._flush()
+
+    # -- admission and outcomes ----------------------------------------------------------------
+
+    async def _admit(self, flow: Flow) -> _Probe | None:
+        """Admit a half-open probe or raise CircuitOpen; None if it closed while we asked Redis."""
+        if self._storage.state == pybreaker.STATE_OPEN:
+            wait = self.seconds_until_half_open()
+            if wait > 0:
+                raise self._refusal(flow, wait)
+            self._cb.half_open()
+        if self._probes >= self.config.half_open_probes:
+            raise self._refusal(flow, 1.0)
+        self._probes += 1
+        epoch = self._epoch
+        slot = None
+        if self._shared is not None:
+            grant = await self._shared.acquire_probe()
+            if epoch != self._epoch:
+                # Another probe or replica decided while we waited on Redis.
+                if grant.key is not None:
+                    self._release(grant)
+                if self._storage.state == pybreaker.STATE_CLOSED:
+                    flow.breaker = CLOSED
+                    return None
+                raise self._refusal(flow, max(1.0, self.seconds_until_half_open()))
+            if not grant.admitted:
+                self._probes -= 1
+                raise self._refusal(flow, 1.0)
+            # Without a key Redis is unreachable, and the local gate decides alone.
+            slot = grant if grant.key is not None else None
+        flow.breaker = HALF_OPEN
+        return _Probe(epoch, slot)
+
+    def _end_probe(self, probe: _Probe) -> None:
+        if probe.epoch == self._epoch:
+            self._probes -= 1
+        if probe.slot is not None:
+            self._release(probe.slot)
+
+    def _record(self, epoch: int, *, failed: bool) -> None:
+        if epoch != self._epoch:
+            return  # admitted under an earlier state; that state's fate is already decided
+        storage = self._storage
+        if not failed and storage.counter == 0 and storage.state == pybreaker.STATE_CLOSED:
+            return  # the common case, and a no-op for pybreaker
+        with contextlib.suppress(_VendorUnwell):
+            self._cb.call(_replay, failed)
+
+    def _refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
+        flow.breaker = OPEN
+        failures = self._storage.counter
+        cause = f" after {failures} consecutive failure{'s' if failures != 1 else ''}"
+        if self._storage.state == pybreaker.STATE_HALF_OPEN:
+            what = f"circuit open{cause if failures else ''}, a recovery probe is in flight"
+        else:
+            what = f"circuit open{cause if failures else ''}"
+        return CircuitOpen(
+            f"{self.route}: {what}; retry in {seconds_text(retry_after)}",
+            route=self.route,
+            attempts=flow.attempts,
+            retry_after_s=retry_after,
+            headers={"X-Circuit": "open"},
+        )
+
+    # -- transitions and the shared record -----------------------------------------------------
+
+    def _on_transition(self, old: str, new: str) -> None:
+        if old == new:
+            return  # pybreaker re-enters the same state on close() of a closed breaker
+        self._epoch += 1
+        self._probes = 0
+        state = _NAMES[new]
+        self._events.breaker_transition(self.route, state)
+        # Half-open is derived from opened_at by every replica, so only open/closed are shared.
+        if state != HALF_OPEN and not self._applying_remote:
+            self._share(state)
+
+    def _share(self, state: str) -> None:
+        """Stamp a local transition and queue it for Redis."""
+        since = max(int(self._clock.wall() * 1_000_000), self._snapshot.since_us + 1)
+        opened = int(self._storage.opened_wall * 1_000_000)
+        self._snapshot = Snapshot(state, since, opened, self._storage.counter, self._origin)
+        if self._shared is not None:
+            self._dirty = True
+            self._wake.set()
+
+    def _apply(self, snap: Snapshot) -> None:
+        """Adopt another replica's transition if it is newer than what we know."""
+        if not snap.newer_than(self._snapshot):
+            return  # our own echo, or older than what we know
+        self._snapshot = snap
+        self._dirty = False  # whatever we had not pushed is superseded
+        storage = self._storage
+        if snap.state == OPEN:
+            wall = snap.opened_us / 1_000_000
+            # Monotonic clocks differ between processes; the wall time maps onto ours.
+            storage.mark_opened(self._clock.now() - max(0.0, self._clock.wall() - wall), wall)
+            storage.set_counter(snap.failures)
+            target = pybreaker.STATE_OPEN
+        else:
+            storage.reset_counter()
+            storage.reset_success_counter()
+            target = pybreaker.STATE_CLOSED
+        if storage.state != target:
+            storage.state = target
+            self._applying_remote = True
+            try:
+                self._cb.state = target  # pybreaker notifies the listeners
+            finally:
+                self._applying_remote = False
+
+    def _release(self, slot: SlotGrant) -> None:
+        self._releases.append(slot)
+        self._wake.set()
+
+    async def _flush(self) -> None:
+        assert self._shared is not None
+        while self._releases:
+            await self._shared.release_probe(self._releases.pop())
+        if self._dirty:
+            self._dirty = False
+            if not await self._shared.write(self._snapshot):
+                self._dirty = True  # Redis is down: the next tick tries again
+
+    async def _sync(self) -> None:
+        """Push local transitions, and every `sync_interval` read what pub/sub may have lost."""
+        assert self._shared is not None
+        while True:
+            await self._flush()
+            snap = await self._shared.read()
+            if snap is not None:
+                self._apply(snap)
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._sync_interval):
+                    await self._wake.wait()
+            self._wake.clear()
