@@ -18,6 +18,7 @@ from typing import Any
 
 import aiohttp
 
+from policies.breaker import Breaker
 from policies.cache import StaleCache, build_store, default_storable
 from policies.clock import Clock
 from policies.events import Events
@@ -105,6 +106,10 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             storable=_storable(classify) if profile is not None else default_storable,
         )
         policies.append(cache)
+    breaker = None
+    if cfg.breaker is not None:
+        breaker = Breaker(cfg.name, cfg.breaker, clock, events, deps.redis)
+        policies.append(breaker)
     if cfg.search is not None and cfg.search.on_empty == "simplify":
         policies.append(SearchRecovery(cfg.name, profile, cfg.search, classify, clock, events))
     policies.append(
@@ -142,4 +147,5 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         classify=classify,
         profile=profile,
         cache=cache,
+        breaker=breaker,
     )
