@@ -5,12 +5,12 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
 CONFIG ?= config.yaml
 
-.PHONY: run test lint format bench venv redis-server check-config clean
+.PHONY: run test lint format bench venv redis-server deploy-tools check-config clean
 
 run: $(STAMP)
 	$(BIN)/search-proxy --config $(CONFIG)
 
-test: $(STAMP) redis-server
+test: $(STAMP) redis-server deploy-tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
 lint: $(STAMP)
@@ -39,6 +39,11 @@ $(STAMP): pyproject.toml
 
 redis-server:
 	@sh scripts/ensure-package.sh redis-server redis-server
+
+# promtool checks the alert rules; docker-compose checks the compose file (no engine needed).
+deploy-tools:
+	@sh scripts/ensure-package.sh promtool prometheus
+	@sh scripts/ensure-package.sh docker-compose docker-compose
 
 clean:
 	rm -rf $(VENV) build *.egg-info
