@@ -2,40 +2,50 @@
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
-STAMP  := $(VENV)/.installed-$(shell cksum pyproject.toml | cut -d' ' -f1)
+SUM    := $(shell cksum pyproject.toml | cut -d' ' -f1)
+RUN_STAMP  := $(VENV)/.run-$(SUM)
+TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
 
 .PHONY: run test lint format bench venv redis-server deploy-tools check-config clean
 
-run: $(STAMP)
+run: $(RUN_STAMP)
 	$(BIN)/search-proxy --config $(CONFIG)
 
-test: $(STAMP) redis-server deploy-tools
+test: $(TEST_STAMP) redis-server deploy-tools
 	$(BIN)/pytest -q $(PYTEST_ARGS)
 
-lint: $(STAMP)
+lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 
-format: $(STAMP)
+format: $(TEST_STAMP)
 	$(BIN)/ruff check --fix .
 	$(BIN)/ruff format .
 
-bench: $(STAMP) redis-server
+bench: $(TEST_STAMP) redis-server
 	@command -v wrk >/dev/null || sh scripts/ensure-package.sh wrk wrk
 	$(BIN)/python -m bench
 
-check-config: $(STAMP)
+check-config: $(RUN_STAMP)
 	$(BIN)/search-proxy check-config $(CONFIG)
 
-venv: $(STAMP)
+venv: $(TEST_STAMP)
 
-$(STAMP): pyproject.toml
+$(BIN)/python:
 	@$(PYTHON) -m venv $(VENV) || { echo "cannot create a venv: install python3-venv (apt-get install python3-venv)"; exit 1; }
 	$(BIN)/pip install -q --upgrade pip
-	$(BIN)/pip install -q -e '.[test]'
-	@rm -f $(VENV)/.installed-*
+
+# `make run` installs what serving needs; `make test` adds the test, lint and SDK packages.
+$(RUN_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e .
+	@rm -f $(VENV)/.run-*
 	@touch $@
+
+$(TEST_STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	@rm -f $(VENV)/.test-* $(VENV)/.run-*
+	@touch $@ $(RUN_STAMP)
 
 redis-server:
 	@sh scripts/ensure-package.sh redis-server redis-server
