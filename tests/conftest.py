@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from redis.asyncio import Redis
 
+from policies.shared import RedisLink
 from proxy.app import build_app
 from proxy.config import parse_config
 from tests.fakevendor import FakeVendor
@@ -37,6 +39,24 @@ def killable_redis() -> Iterator[RedisServer]:
     server.start()
     yield server
     server.stop()
+
+
+@pytest.fixture
+async def links(redis_server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
+    """Two links to one Redis, as two replicas of the proxy would have."""
+    a = RedisLink(redis_server.url, "test")
+    b = RedisLink(redis_server.url, "test")
+    yield a, b
+    await a.close()
+    await b.close()
+
+
+@pytest.fixture
+async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """A plain client, for looking at what the proxy wrote."""
+    client = Redis.from_url(redis_server.url)
+    yield client
+    await client.aclose()
 
 
 # ---------------------------------------------------------------------------------------------

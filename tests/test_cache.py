@@ -782,23 +782,6 @@ async def test_followers_of_a_streamed_reply_make_their_own_calls() -> None:
 # --- two replicas through Redis ---------------------------------------------------------------
 
 
-@pytest.fixture
-async def links(redis_server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
-    """Two links to one Redis, as two replicas of the proxy would have."""
-    a = RedisLink(redis_server.url, "test")
-    b = RedisLink(redis_server.url, "test")
-    yield a, b
-    await a.close()
-    await b.close()
-
-
-@pytest.fixture
-async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
-
-
 def replica(
     link: RedisLink,
     clock: Clock,

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from email.utils import formatdate
 
 import pytest
@@ -395,23 +395,6 @@ def test_bucket_store_is_in_process_without_a_link() -> None:
 
 
 # --- shared through Redis ---------------------------------------------------------------------
-
-
-@pytest.fixture
-async def links(redis_server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
-    """Two links to one Redis, as two replicas of the proxy would have."""
-    a = RedisLink(redis_server.url, "test")
-    b = RedisLink(redis_server.url, "test")
-    yield a, b
-    await a.close()
-    await b.close()
-
-
-@pytest.fixture
-async def raw(redis_server: RedisServer) -> AsyncIterator[Redis]:
-    client = Redis.from_url(redis_server.url)
-    yield client
-    await client.aclose()
 
 
 async def test_two_replicas_never_grant_more_than_burst_plus_rate_times_elapsed(
