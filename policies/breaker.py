@@ -233,6 +233,9 @@ class RedisBreakerState:
         self._release = link.client.register_script(_RELEASE_LUA)
         self._tokens = itertools.count()
         self._instance = secrets.token_hex(6)
+        # Python 3.11's wait_for (inside redis-py) can swallow a cancel, so the background
+        # loops also stop on this flag.
+        self.running = False
 
     async def write(self, snap: Snapshot) -> bool:
         """Store and publish `snap` unless Redis holds newer; False if Redis is unreachable."""
@@ -265,16 +268,26 @@ class RedisBreakerState:
         await self._link.run(lambda r: self._release(keys=keys, args=args, client=r))
 
     async def listen(
-        self, apply: Callable[[Snapshot], None], resync: Callable[[], None], retry_every: float
+        self,
+        apply: Callable[[Snapshot], None],
+        resync: Callable[[], None],
+        retry_every: float,
+        ready: asyncio.Event,
     ) -> None:
-        """Apply every snapshot published on the channel until cancelled, riding out outages."""
+        """Apply every snapshot published on the channel until `running` is cleared.
+
+        Sets `ready` once the first subscription attempt has ended, whether or not Redis is up.
+        """
         pubsub = self._link.client.pubsub()
         lost = False
         try:
-            while True:
+            while self.running:
                 try:
                     if not pubsub.subscribed:
-                        await pubsub.subscribe(self.channel)
+                        try:
+                            await pubsub.subscribe(self.channel)
+                        finally:
+                            ready.set()
                     message = await pubsub.get_message(
                         ignore_subscribe_messages=True, timeout=retry_every
                     )
@@ -408,25 +421,35 @@ class Breaker:
         return reply
 
     async def start(self) -> None:
-        """Start following the shared state (nothing to do without Redis)."""
+        """Start following the shared state; returns once subscribed (or Redis found down)."""
         if self._shared is None or self._tasks:
             return
+        self._shared.running = True
+        subscribed = asyncio.Event()
         self._tasks = [
             asyncio.create_task(self._sync(), name=f"breaker-sync-{self.route}"),
             asyncio.create_task(
-                self._shared.listen(self._apply, self._wake.set, self._sync_interval),
+                self._shared.listen(self._apply, self._wake.set, self._sync_interval, subscribed),
                 name=f"breaker-listen-{self.route}",
             ),
         ]
+        # A trip published before we subscribe would wait for the periodic read.
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(1.0):
+                await subscribed.wait()
 
     async def stop(self) -> None:
         """Stop the background tasks, pushing a last unsynced transition if Redis allows."""
-        tasks, self._tasks = self._tasks, []
-        for task in tasks:
-            task.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
-        if self._shared is not None:
-            await self._flush()
+        if self._shared is None:
+            return
+        self._shared.running = False
+        self._wake.set()
+        pending, self._tasks = set(self._tasks), []
+        while pending:
+            for task in pending:
+                task.cancel()
+            _, pending = await asyncio.wait(pending, timeout=0.5)
+        await self._flush()
 
     async def reset(self) -> None:
         """Close the circuit (admin endpoint), here and for every replica."""
@@ -564,7 +587,7 @@ class Breaker:
     async def _sync(self) -> None:
         """Push local transitions, and every `sync_interval` read what pub/sub may have lost."""
         assert self._shared is not None
-        while True:
+        while self._shared.running:
             await self._flush()
             snap = await self._shared.read()
             if snap is not None:

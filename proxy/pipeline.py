@@ -108,7 +108,10 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         policies.append(cache)
     breaker = None
     if cfg.breaker is not None:
-        breaker = Breaker(cfg.name, cfg.breaker, clock, events, deps.redis)
+        # A probe's fleet-wide slot lasts as long as the probe itself may.
+        breaker = Breaker(
+            cfg.name, cfg.breaker, clock, events, deps.redis, probe_lease=cfg.timeouts.total
+        )
         policies.append(breaker)
     if cfg.search is not None and cfg.search.on_empty == "simplify":
         policies.append(SearchRecovery(cfg.name, profile, cfg.search, classify, clock, events))

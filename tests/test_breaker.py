@@ -349,15 +349,10 @@ async def start_replicas(url: str, interval: float = 1.0) -> AsyncIterator[Repli
     try:
         yield Replicas(a, b, b_events, clock, links)
     finally:
-        import sys
-        print("teardown", file=sys.__stderr__)
         await a.stop()
-        print("a stopped", file=sys.__stderr__)
         await b.stop()
-        print("b stopped", file=sys.__stderr__)
         for link in links:
             await link.close()
-        print("links closed", file=sys.__stderr__)
 
 
 @pytest.fixture
@@ -382,17 +377,6 @@ async def test_trip_in_one_replica_is_seen_by_the_other_within_a_second(
 
 
 async def test_half_open_probe_is_gated_across_replicas(replicas: Replicas) -> None:
-    import sys, traceback
-    try:
-        await _gated(replicas)
-    except BaseException:
-        traceback.print_exc(file=sys.__stderr__)
-        for t in asyncio.all_tasks():
-            t.print_stack(file=sys.__stderr__)
-        raise
-
-
-async def _gated(replicas: Replicas) -> None:
     a, b = replicas.a, replicas.b
     upstream = Upstream()
     await fail(a, upstream, CONFIG.fail_max)
