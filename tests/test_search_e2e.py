@@ -194,3 +194,32 @@ async def test_v1_search_validates_its_body(aiohttp_server, start_proxy):
         assert r.status == 400, body
         assert f"/v1/search: {field} " in (await r.json())["error"]["message"]
     assert first.count() == 0
+
+
+async def test_v1_search_skips_a_provider_whose_breaker_is_open(aiohttp_server, start_proxy):
+    first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    breaker = {"fail_max": 2, "reset_timeout": "30s"}
+    client = await start_proxy(
+        {
+            "routes": {
+                "tavily": provider(u1, "tavily", breaker=breaker),
+                "brave": provider(u2, "brave"),
+            }
+        }
+    )
+    first.down()
+    for _ in range(2):  # two failed searches open tavily's breaker
+        assert (await client.post("/tavily/search", json={"query": "trip"})).status == 503
+    calls = first.count()
+    r = await client.post("/v1/search", json={"query": "skip the broken one"})
+    assert r.status == 200
+    body = await r.json()
+    assert body["provider"] == "brave"
+    assert body["attempts"][0]["provider"] == "tavily"
+    assert body["attempts"][0]["outcome"] == "skipped"
+    assert first.count() == calls  # skipped without a call
+    second.down()
+    r = await client.post("/v1/search", json={"query": "all broken"})
+    err = (await r.json())["error"]
+    assert err["message"].startswith("All 2 providers failed: tavily circuit open (retry in ")
+    assert err["message"].endswith("brave 503. Retry in 30s or rephrase the query.")
