@@ -1061,6 +1061,9 @@ def _searxng(q: str, res: list[FakeResult], p: dict[str, Any], rec: Received) ->
     }
 
 
+LINKUP_FAVICON = "https://example.com/favicon.ico"
+
+
 def _linkup(q: str, res: list[FakeResult], p: dict[str, Any], rec: Received) -> tuple[int, Any]:
     if not res:
         return 400, {
@@ -1074,11 +1077,21 @@ def _linkup(q: str, res: list[FakeResult], p: dict[str, Any], rec: Received) -> 
     if p.get("outputType") == "sourcedAnswer":
         return 200, {
             "answer": f"Fake answer about {q}.",
-            "sources": [{"name": r.title, "url": r.url, "snippet": r.snippet} for r in res],
+            "sources": [
+                {"name": r.title, "url": r.url, "snippet": r.snippet, "favicon": LINKUP_FAVICON}
+                for r in res
+            ],
         }
     return 200, {
         "results": [
-            {"type": "text", "name": r.title, "url": r.url, "content": r.snippet} for r in res
+            {
+                "type": "text",
+                "name": r.title,
+                "url": r.url,
+                "content": r.snippet,
+                "favicon": LINKUP_FAVICON,  # linkup-sdk requires it
+            }
+            for r in res
         ]
     }
 
