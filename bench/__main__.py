@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from bench import core, retries
+from bench import core, resilience, retries, search
 from bench.procs import Pinning, detect_pinning, stop_all
 from bench.report import Scenario
 
@@ -25,6 +25,8 @@ from bench.report import Scenario
 GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "core": core.run,
     "retries": retries.run,
+    "resilience": resilience.run,
+    "search": search.run,
 }
 
 

@@ -21,7 +21,9 @@ CLIENT_ERROR = 0  # the status recorded when no HTTP answer came back at all
 class Outcome:
     status: int  # 0: no answer (connection error or client timeout)
     seconds: float
-    body: bytes = b""
+    body: bytes = b""  # failed answers always; 200s only with keep_bodies
+    headers: dict[str, str] = field(default_factory=dict)  # the keep_headers that came back
+    index: int = -1  # i of body(i)
 
 
 @dataclass
@@ -65,8 +67,14 @@ async def run_load(
     body: Callable[[int], Any],
     *,
     request_timeout: float = 30.0,
+    keep_headers: tuple[str, ...] = (),
+    keep_bodies: bool = False,
 ) -> LoadResult:
-    """POST `body(i)` as JSON to `url` for i in 0..n-1, `concurrency` at a time."""
+    """POST `body(i)` as JSON to `url` for i in 0..n-1, `concurrency` at a time.
+
+    The answer's `keep_headers` are recorded, and its body too when it failed or `keep_bodies`
+    is set.
+    """
     result = LoadResult()
     next_i = 0
     connector = aiohttp.TCPConnector(limit=concurrency)
@@ -78,14 +86,18 @@ async def run_load(
             i = next_i
             next_i += 1
             started = time.perf_counter()
+            kept: dict[str, str] = {}
             try:
                 async with session.post(url, json=body(i)) as resp:
                     data = await resp.read()
                     status = resp.status
+                    kept = {h: resp.headers[h] for h in keep_headers if h in resp.headers}
             except (aiohttp.ClientError, TimeoutError) as exc:
                 data, status = repr(exc).encode(), CLIENT_ERROR
             seconds = time.perf_counter() - started
-            result.outcomes.append(Outcome(status, seconds, b"" if status == 200 else data))
+            if status == 200 and not keep_bodies:
+                data = b""
+            result.outcomes.append(Outcome(status, seconds, data, kept, i))
 
     async with aiohttp.ClientSession(connector=connector, timeout=client_timeout) as session:
         started = time.perf_counter()

@@ -169,10 +169,16 @@ def _read_port(child: Child, timeout: float) -> int:
 
 
 @contextlib.contextmanager
-def fake_vendor(pinning: Pinning, *args: str, timeout: float = 20.0) -> Iterator[str]:
-    """`python -m tests.fakevendor --port 0 ARGS` on the non-proxy CPU; yields its URL."""
+def fake_vendor(
+    pinning: Pinning, *args: str, port: int = 0, timeout: float = 20.0
+) -> Iterator[str]:
+    """`python -m tests.fakevendor --port PORT ARGS` on the non-proxy CPU; yields its URL.
+
+    A given `port` lets a vendor be stopped and started again, in another mode, at the URL a
+    running proxy already has (the fake has no runtime control for its modes).
+    """
     argv = [*pinning.prefix(pinning.other_cpu), sys.executable, "-m", "tests.fakevendor"]
-    child = Child("fakevendor", [*argv, "--port", "0", *args], stdout_pipe=True)
+    child = Child("fakevendor", [*argv, "--port", str(port), *args], stdout_pipe=True)
     try:
         port = _read_port(child, timeout)
         yield f"http://127.0.0.1:{port}"
