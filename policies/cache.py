@@ -560,6 +560,10 @@ def _copy(reply: Reply) -> Reply:
     return Reply(reply.status, CIMultiDict(reply.headers), reply.body)
 
 
+# Failures where the request never left the proxy.
+_NOT_FORWARDED = frozenset({"circuit_open", "rate_limited"})
+
+
 class StaleCache:
     """Serves fresh entries, stores good 2xx answers, and serves stale entries when the vendor
     fails (429, 5xx, or a non-client ProxyError); one vendor call per key at a time.
@@ -713,8 +717,7 @@ class StaleCache:
                 if isinstance(exc, _CLIENT_ERRORS):
                     self._mark(flow, "miss")
                     raise
-                status = exc.upstream_status or exc.status
-                stale = self._stale(flow, fallback, status, exc.type)
+                stale = self._stale(flow, fallback, exc.upstream_status, exc.type)
                 if stale is None:
                     self._mark(flow, "miss")
                     raise
@@ -777,8 +780,15 @@ class StaleCache:
         reply.headers["Cache-Status"] = f"search-proxy; hit; ttl={int(self.cfg.ttl - age)}"
         return reply
 
-    def _stale(self, flow: Flow, entry: Entry | None, status: int, detail: str) -> Reply | None:
-        """The stale answer for a failed vendor call, or None when there is nothing to serve."""
+    def _stale(
+        self, flow: Flow, entry: Entry | None, status: int | None, detail: str
+    ) -> Reply | None:
+        """The stale answer for a failed vendor call, or None when there is nothing to serve.
+
+        RFC 9211: when nothing reached the vendor (open circuit, refused token) the stale entry
+        is a `hit`; when the request was forwarded and failed it is `fwd=stale`, with the
+        vendor's status in `fwd-status` when it answered one.
+        """
         if entry is None:
             return None
         # The vendor call may have outlasted the entry's stale window.
@@ -789,8 +799,10 @@ class StaleCache:
         reply = entry.reply()
         reply.headers["X-Cache"] = "STALE"
         reply.headers["Age"] = str(int(age))
-        reply.headers["Cache-Status"] = (
-            f"search-proxy; hit; fwd=stale; fwd-status={status}; "
-            f"ttl={math.floor(self.cfg.ttl - age)}; detail={detail}"
-        )
+        ttl = math.floor(self.cfg.ttl - age)
+        if detail in _NOT_FORWARDED:
+            how = "hit"
+        else:
+            how = "fwd=stale" + (f"; fwd-status={status}" if status is not None else "")
+        reply.headers["Cache-Status"] = f"search-proxy; {how}; ttl={ttl}; detail={detail}"
         return reply
