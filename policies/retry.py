@@ -70,6 +70,7 @@ class Retry:
         events: Events,
         classify: Classifier = status_outcome,
         rng: RandomLike | None = None,
+        halt: Callable[[], bool] | None = None,
     ) -> None:
         self.route = route
         self.config = config
@@ -77,6 +78,8 @@ class Retry:
         self.clock = clock
         self.events = events
         self.classify = classify
+        # Asked before each retry: true once retrying is pointless (the route's breaker opened).
+        self.halt = halt
         self.rng = rng or random.Random()
         b = config.backoff
         self.backoff = Backoff(b.initial, b.max, b.multiplier, b.jitter)  # type: ignore[arg-type]
@@ -150,12 +153,16 @@ class Retry:
             if not self.budget.try_acquire_retry():
                 self.events.budget_exhausted(self.route)
                 return self._give_up(flow, failure)
+            await self.clock.sleep(decision.seconds)
+            flow.waited_seconds += decision.seconds
+            # The breaker counts a request only after its retries, so it often opens while
+            # this one waits: once it has, this retry would only hit a vendor known to be down.
+            if self.halt is not None and self.halt():
+                return self._give_up(flow, failure)
             if reply is not None:
                 reply.discard()
             self.events.retry(self.route, reason)
             flow.retry_reasons.append(reason)
-            await self.clock.sleep(decision.seconds)
-            flow.waited_seconds += decision.seconds
 
     def _give_up(self, flow: Flow, failure: Reply | Exception) -> Reply:
         """The last answer: a vendor reply passes through; our own errors are raised."""

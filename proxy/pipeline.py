@@ -123,6 +123,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             clock=clock,
             events=events,
             classify=classify,
+            halt=(lambda: breaker.state == "open") if breaker is not None else None,
         )
     )
     if cfg.rate_limit is not None:

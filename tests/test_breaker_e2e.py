@@ -133,3 +133,22 @@ async def test_redis_down_each_proxy_keeps_its_own_breaker(vendor, start_proxy, 
     assert time.monotonic() - started < 1.5
     r = await search(a)
     assert r.status == 503 and r.headers["X-Circuit"] == "open"
+
+
+async def test_requests_in_flight_stop_retrying_once_the_breaker_opens(vendor, start_proxy):
+    retry = {
+        "attempts": 3,
+        "backoff": {"initial": "200ms", "max": "200ms", "multiplier": 1, "jitter": "none"},
+        "budget": {"ratio": 0, "min_per_s": 10},
+    }
+    client = await start_proxy(guarded(vendor, retry=retry, breaker={"fail_max": 1}))
+    vendor.set_default(Fault.status(503))
+    first = asyncio.create_task(search(client, "a"))  # attempts at 0, 200 and 400 ms
+    await vendor.wait_for_requests(2)
+    second = await search(client, "b")  # fails at ~200 ms, would retry at ~400 and ~600 ms
+    assert (await first).status == 503
+    assert second.status == 503
+    # The first request's failure opened the breaker while the second waited to retry: it
+    # stopped instead of spending its attempts on a vendor known to be down.
+    assert int(second.headers["X-Proxy-Attempts"]) < 3
+    assert vendor.count() < 6
