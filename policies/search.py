@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
+from typing import Any
 from urllib.parse import parse_qsl, quote
 
 from multidict import CIMultiDict
@@ -55,9 +56,8 @@ def find_query(profile: VendorProfile, flow: Flow) -> QueryRef | None:
     return extract_query(profile, path=flow.path, query=query, body=flow.body)
 
 
-class SearchGuard:
-    """Refuses queries that would waste quota, and replays a terminal failure to a client that
-    repeats the identical request within `loop_guard` seconds (a header marks the replay)."""
+class _SearchPolicy:
+    """What both search policies are built from."""
 
     def __init__(
         self,
@@ -66,12 +66,22 @@ class SearchGuard:
         config: SearchConfig,
         classify: Classifier,
         clock: Clock,
+        events: Events,
     ) -> None:
         self.route = route
         self.profile = profile
         self.config = config
         self.classify = classify
         self.clock = clock
+        self.events = events
+
+
+class SearchGuard(_SearchPolicy):
+    """Refuses queries that would waste quota, and replays a terminal failure to a client that
+    repeats the identical request within `loop_guard` seconds (a header marks the replay)."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
         self._failures: OrderedDict[str, tuple[float, Reply]] = OrderedDict()
 
     def validate(self, ref: QueryRef | None) -> None:
@@ -125,26 +135,10 @@ class SearchGuard:
         return reply
 
 
-class SearchRecovery:
+class SearchRecovery(_SearchPolicy):
     """On an empty answer, tries progressively simpler variants of the query, each a normal
     attempt inside the same deadline and retry budget, and answers with the first that finds
     something (or with the original empty answer)."""
-
-    def __init__(
-        self,
-        route: str,
-        profile: VendorProfile,
-        config: SearchConfig,
-        classify: Classifier,
-        clock: Clock,
-        events: Events,
-    ) -> None:
-        self.route = route
-        self.profile = profile
-        self.config = config
-        self.classify = classify
-        self.clock = clock
-        self.events = events
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         ref = find_query(self.profile, flow)

@@ -94,7 +94,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
 
     policies: list[Policy] = []
     if cfg.search is not None:
-        policies.append(SearchGuard(cfg.name, profile, cfg.search, classify, clock))
+        policies.append(SearchGuard(cfg.name, profile, cfg.search, classify, clock, events))
     cache = None
     if cfg.cache is not None:
         cache = StaleCache(
