@@ -167,11 +167,9 @@ class Upstream:
                 attempts=flow.attempts,
                 condition="connect_error",
             ) from None
-        except (
-            aiohttp.ClientPayloadError,
-            aiohttp.ServerDisconnectedError,
-            aiohttp.ClientOSError,
-        ) as exc:
+        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            # After a connection was made (connect failures are caught above): disconnects,
+            # resets while sending or reading (ClientConnectionResetError is no ClientOSError).
             if resp is not None:
                 resp.close()
             raise UpstreamUnreachable(

@@ -19,6 +19,7 @@ import orjson
 from aiohttp import web
 from multidict import CIMultiDict
 
+from policies.backoff import parse_retry_after
 from policies.flow import Flow
 from policies.profiles import build_search_request, extract_results, normalize_results
 from proxy.config import SearchApiConfig
@@ -247,8 +248,7 @@ class SearchApi:
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
         if outcome == "empty":
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
-        retry_after = reply.headers.get("Retry-After")
-        wait = float(retry_after) if retry_after and retry_after.isdigit() else None
+        wait = parse_retry_after(reply.headers.get("Retry-After"), time.time())
         reason = f"{reply.status}" + (f" (retry after {seconds_text(wait)})" if wait else "")
         return _Outcome(Tried(route.name, used, "failed", reply.status, ms, reason, wait))
 

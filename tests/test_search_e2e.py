@@ -3,6 +3,7 @@ loop guard, and /v1/search falling back across vendors."""
 
 from __future__ import annotations
 
+import time
 from urllib.parse import unquote
 
 from policies.simplify import simplify_query
@@ -223,3 +224,17 @@ async def test_v1_search_skips_a_provider_whose_breaker_is_open(aiohttp_server, 
     err = (await r.json())["error"]
     assert err["message"].startswith("All 2 providers failed: tavily circuit open (retry in ")
     assert err["message"].endswith("brave 503. Retry in 30s or rephrase the query.")
+
+
+async def test_v1_search_reads_retry_after_as_an_http_date(aiohttp_server, start_proxy):
+    from email.utils import formatdate
+
+    first, _, (u1, _) = await two_vendors(aiohttp_server)
+    first.set_default(Fault.status(429, headers={"Retry-After": formatdate(time.time() + 60)}))
+    retry = {"attempts": 1}
+    client = await start_proxy({"routes": {"tavily": provider(u1, "tavily", retry=retry)}})
+    r = await client.post("/v1/search", json={"query": "dated"})
+    err = (await r.json())["error"]
+    assert r.status == 503
+    assert 55 <= err["retry_after_s"] <= 60
+    assert "tavily 429 (retry after " in err["message"]
