@@ -12,7 +12,7 @@ from datetime import UTC
 from email.utils import parsedate_to_datetime
 from typing import Literal, Protocol, TypeAlias
 
-from policies.clock import Clock
+from policies.core.clock import Clock
 
 Jitter = Literal["full", "decorrelated", "none"]
 _JITTERS: frozenset[str] = frozenset({"full", "decorrelated", "none"})

@@ -19,20 +19,12 @@ import pybreaker
 import structlog
 from redis.exceptions import RedisError
 
-from policies.clock import SYSTEM_CLOCK, Clock
-from policies.events import Events, NullEvents
-from policies.flow import Flow, Handler, Reply
-from policies.shared import UNAVAILABLE, RedisLink
-from proxy.config import BreakerConfig
-from proxy.errors import (
-    CircuitOpen,
-    DeadlineExceeded,
-    UpstreamMalformed,
-    UpstreamRetryAfterTooLong,
-    UpstreamTimeout,
-    UpstreamUnreachable,
-    seconds_text,
-)
+from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.errors import CircuitOpen, VendorFailure, seconds_text
+from policies.core.events import Events, NullEvents
+from policies.core.flow import Flow, Handler, Reply
+from policies.core.outcome import Outcome
+from policies.core.redislink import UNAVAILABLE, RedisLink
 
 log = structlog.get_logger("search_proxy.breaker")
 
@@ -45,22 +37,18 @@ _NAMES: Final = {
     pybreaker.STATE_OPEN: OPEN,
 }
 
-# Exceptions that mean the vendor is unwell. Our own refusals (RateLimited, BadRequest) and
-# anything unexpected are not evidence about the vendor: they neither count nor reset the count.
-VENDOR_FAILURES: Final = (
-    UpstreamTimeout,
-    UpstreamUnreachable,
-    DeadlineExceeded,
-    UpstreamMalformed,
-    UpstreamRetryAfterTooLong,
-)
 # The shared record outlives any sane reset_timeout, then goes away with a removed route.
 _RECORD_TTL_MS: Final = 86_400_000
 
 
-def is_vendor_failure(status: int) -> bool:
-    """Whether a vendor reply with `status` counts against the breaker (429 or 5xx)."""
-    return status == 429 or status >= 500
+@dataclass(frozen=True)
+class BreakerConfig:
+    """A route's `breaker:` section."""
+
+    fail_max: int = 5  # consecutive vendor failures that open the circuit
+    reset_timeout: float = 30.0  # seconds open before a half-open probe
+    success_threshold: int = 1  # probe successes that close it again
+    half_open_probes: int = 1  # probes admitted at once, fleet-wide
 
 
 class Snapshot(NamedTuple):
@@ -411,13 +399,15 @@ class Breaker:
             epoch = self._epoch if probe is None else probe.epoch
         try:
             reply = await call_next(flow)
-        except VENDOR_FAILURES:
+        except VendorFailure:
+            # Our own refusals and the agent's faults are no evidence about the vendor: they
+            # neither count nor reset the count.
             self._record(epoch, failed=True)
             raise
         finally:
             if probe is not None:
                 self._end_probe(probe)
-        self._record(epoch, failed=is_vendor_failure(reply.status))
+        self._record(epoch, failed=Outcome.of_status(reply.status).is_vendor_failure)
         return reply
 
     async def start(self) -> None:

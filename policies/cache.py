@@ -23,21 +23,30 @@ import orjson
 import structlog
 from multidict import CIMultiDict
 
-from policies.clock import SYSTEM_CLOCK, Clock
-from policies.events import Events, NullEvents
-from policies.flow import Flow, Handler, Reply
-from policies.shared import UNAVAILABLE, RedisLink
-from proxy.config import CacheConfig
-from proxy.errors import (
-    BadRequest,
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
-    ProxyError,
-    Unauthorized,
-)
+from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.errors import ClientFault, LocalRefusal, ProxyError
+from policies.core.events import Events, NullEvents
+from policies.core.flow import Flow, Handler, Reply
+from policies.core.outcome import Outcome
+from policies.core.redislink import UNAVAILABLE, RedisLink
 
 log = structlog.get_logger("search_proxy.cache")
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """A route's `cache:` section."""
+
+    ttl: float = 600.0  # seconds an entry answers without asking the vendor
+    stale_ttl: float = 86400.0  # then seconds it may stand in when the vendor fails
+    max_entry_bytes: int = 1024 * 1024
+    methods: frozenset[str] = frozenset({"GET", "POST"})
+    ignore_body_fields: tuple[str, ...] = ()
+    shared: bool = False
+    max_entries: int = 10_000
+    max_bytes: int = 256 * 1024 * 1024
+    lock_wait: float = 2.0
+
 
 # ---------------------------------------------------------------------------------------------
 # Pure decisions
@@ -45,9 +54,6 @@ log = structlog.get_logger("search_proxy.cache")
 _CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-subscription-token")
 _CREDENTIAL_FIELD = "api_key"
 _QUERY_FIELDS = frozenset({"query", "q"})
-# Errors about the request itself: another try would fail the same way, so stale data would
-# only hide the agent's mistake.
-_CLIENT_ERRORS = (BadRequest, PayloadTooLarge, NotFound, Unauthorized, MethodNotAllowed)
 
 
 class Freshness(enum.Enum):
@@ -199,11 +205,6 @@ def default_storable(reply: Reply) -> bool:
         except orjson.JSONDecodeError:
             return False
     return True
-
-
-def is_vendor_failure(status: int) -> bool:
-    """Whether a vendor status means "try the stale entry": 429 or any 5xx."""
-    return status == 429 or status >= 500
 
 
 # ---------------------------------------------------------------------------------------------
@@ -560,10 +561,6 @@ def _copy(reply: Reply) -> Reply:
     return Reply(reply.status, CIMultiDict(reply.headers), reply.body)
 
 
-# Failures where the request never left the proxy.
-_NOT_FORWARDED = frozenset({"circuit_open", "rate_limited"})
-
-
 class StaleCache:
     """Serves fresh entries, stores good 2xx answers, and serves stale entries when the vendor
     fails (429, 5xx, or a non-client ProxyError); one vendor call per key at a time.
@@ -714,17 +711,19 @@ class StaleCache:
             try:
                 reply = await call_next(flow)
             except ProxyError as exc:
-                if isinstance(exc, _CLIENT_ERRORS):
+                # A fault of the request itself: stale data would only hide the agent's mistake.
+                if isinstance(exc, ClientFault):
                     self._mark(flow, "miss")
                     raise
-                stale = self._stale(flow, fallback, exc.upstream_status, exc.type)
+                forwarded = not isinstance(exc, LocalRefusal)
+                stale = self._stale(flow, fallback, exc.upstream_status, exc.type, forwarded)
                 if stale is None:
                     self._mark(flow, "miss")
                     raise
                 return stale
-            if is_vendor_failure(reply.status):
+            if Outcome.of_status(reply.status).is_vendor_failure:
                 detail = "upstream_rate_limited" if reply.status == 429 else "upstream_error"
-                stale = self._stale(flow, fallback, reply.status, detail)
+                stale = self._stale(flow, fallback, reply.status, detail, forwarded=True)
                 if stale is not None:
                     reply.discard()
                     return stale
@@ -781,7 +780,7 @@ class StaleCache:
         return reply
 
     def _stale(
-        self, flow: Flow, entry: Entry | None, status: int | None, detail: str
+        self, flow: Flow, entry: Entry | None, status: int | None, detail: str, forwarded: bool
     ) -> Reply | None:
         """The stale answer for a failed vendor call, or None when there is nothing to serve.
 
@@ -800,7 +799,7 @@ class StaleCache:
         reply.headers["X-Cache"] = "STALE"
         reply.headers["Age"] = str(int(age))
         ttl = math.floor(self.cfg.ttl - age)
-        if detail in _NOT_FORWARDED:
+        if not forwarded:
             how = "hit"
         else:
             how = "fwd=stale" + (f"; fwd-status={status}" if status is not None else "")

@@ -10,17 +10,16 @@ import hashlib
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, TypeAlias
+from typing import Literal, Protocol, TypeAlias
 
 import structlog
 
 from policies.backoff import parse_retry_after
-from policies.clock import Clock
-from policies.events import Events
-from policies.flow import Flow, Handler, Reply
-from policies.shared import UNAVAILABLE, RedisLink
-from proxy.config import RateLimitConfig
-from proxy.errors import RateLimited, seconds_text
+from policies.core.clock import Clock
+from policies.core.errors import RateLimited, seconds_text
+from policies.core.events import Events
+from policies.core.flow import Flow, Handler, Reply
+from policies.core.redislink import UNAVAILABLE, RedisLink
 
 log = structlog.get_logger("search_proxy.ratelimit")
 
@@ -28,6 +27,17 @@ log = structlog.get_logger("search_proxy.ratelimit")
 _EPSILON = 1e-5
 # A vendor header may say anything; a day covers daily quotas and keeps PX in range.
 MAX_PAUSE = 86_400.0
+
+
+@dataclass(frozen=True)
+class RateLimitConfig:
+    """A route's `rate_limit:` section."""
+
+    rate: float  # tokens per second
+    burst: int
+    key: Literal["route", "client"] = "route"
+    client_header: str | None = None  # identity header for key=client; default: credentials
+    max_wait: float = 1.0  # longest a request waits for a token before it is refused
 
 
 @dataclass(frozen=True, slots=True)

@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import random
 from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
 
 from policies.backoff import (
     Backoff,
@@ -20,41 +22,56 @@ from policies.backoff import (
     parse_retry_after,
     wait_for_retry,
 )
-from policies.clock import Clock
-from policies.events import Events
-from policies.flow import Flow, Handler, Reply
-from proxy.config import RetryConfig
-from proxy.errors import (
+from policies.core.clock import Clock
+from policies.core.errors import (
+    AttemptFailed,
     UpstreamMalformed,
     UpstreamRetryAfterTooLong,
-    UpstreamTimeout,
-    UpstreamUnreachable,
     seconds_text,
 )
+from policies.core.events import Events
+from policies.core.flow import Flow, Handler, Reply
+from policies.core.outcome import Classifier, Outcome, status_outcome
+
+
+@dataclass(frozen=True)
+class BackoffConfig:
+    initial: float = 0.2
+    max: float = 5.0
+    multiplier: float = 2.0
+    jitter: Literal["full", "decorrelated", "none"] = "full"
+
+
+@dataclass(frozen=True)
+class RetryAfterConfig:
+    honor: bool = True
+    max_wait: float = 10.0  # a longer Retry-After fails at once, saying how long to wait
+
+
+@dataclass(frozen=True)
+class BudgetConfig:
+    ratio: float = 0.2  # retries allowed per request, over a sliding window
+    min_per_s: int = 3  # retries always allowed per second, however few requests
+
+
+@dataclass(frozen=True)
+class RetryConfig:
+    """A route's `retry:` section."""
+
+    attempts: int = 3
+    on_statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
+    on_conditions: frozenset[Outcome] = frozenset(
+        {Outcome.TIMEOUT, Outcome.CONNECT_ERROR, Outcome.RESET, Outcome.MALFORMED}
+    )
+    backoff: BackoffConfig = BackoffConfig()
+    retry_after: RetryAfterConfig = RetryAfterConfig()
+    budget: BudgetConfig = BudgetConfig()
+    methods: frozenset[str] = frozenset({"GET", "POST"})
+
 
 # The shortest time an attempt is assumed to need; with a learned typical latency, twice that.
 MIN_ATTEMPT_S = 0.05
 NO_RETRY = RetryConfig(attempts=1)
-
-# What an answer was, as far as retrying goes: ok, client_error, 429, 5xx, malformed, empty,
-# terminal, or another status code as text.
-Classifier = Callable[[Reply], str]
-
-
-def status_outcome(reply: Reply) -> str:
-    """Classify a reply by its status alone."""
-    return outcome_of_status(reply.status)
-
-
-def outcome_of_status(status: int) -> str:
-    """ok, 429, 5xx or client_error."""
-    if status < 400:
-        return "ok"
-    if status == 429:
-        return "429"
-    if status >= 500:
-        return "5xx"
-    return "client_error"
 
 
 class Retry:
@@ -82,18 +99,20 @@ class Retry:
         self.halt = halt
         self.rng = rng or random.Random()
         b = config.backoff
-        self.backoff = Backoff(b.initial, b.max, b.multiplier, b.jitter)  # type: ignore[arg-type]
+        self.backoff = Backoff(b.initial, b.max, b.multiplier, b.jitter)
         self.budget = RetryBudget(config.budget.ratio, config.budget.min_per_s, clock)
         self._typical_s = 0.0  # moving average of successful attempt durations
 
-    def reason(self, reply: Reply, outcome: str) -> str | None:
+    def reason(self, reply: Reply, outcome: Outcome) -> str | None:
         """Why this reply should be retried, or None when it should not (a pure decision)."""
-        if outcome in ("ok", "empty", "terminal"):
+        if outcome in (Outcome.OK, Outcome.EMPTY, Outcome.TERMINAL):
             return None
-        if outcome == "malformed":
-            return "malformed" if "malformed" in self.config.on_conditions else None
+        if outcome is Outcome.MALFORMED:
+            return outcome if outcome in self.config.on_conditions else None
         if reply.status in self.config.on_statuses:
-            return outcome if outcome in ("429", "5xx") else str(reply.status)
+            if outcome in (Outcome.RATE_LIMITED, Outcome.SERVER_ERROR):
+                return outcome
+            return str(reply.status)
         return None
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
@@ -107,17 +126,15 @@ class Retry:
             reply: Reply | None = None
             try:
                 reply = await call_next(flow)
-            except (UpstreamTimeout, UpstreamUnreachable, UpstreamMalformed) as exc:
-                failure: Reply | Exception = exc
-                reason: str | None = exc.condition
-                if reason not in cfg.on_conditions:
-                    reason = None
-                self.events.attempt(self.route, exc.condition)
+            except AttemptFailed as exc:
+                failure: Reply | AttemptFailed = exc
+                reason: str | None = exc.outcome if exc.outcome in cfg.on_conditions else None
+                self.events.attempt(self.route, exc.outcome)
             else:
                 outcome = self.classify(reply)
                 self.events.attempt(self.route, outcome)
                 reason = self.reason(reply, outcome)
-                if outcome == "ok":
+                if outcome is Outcome.OK:
                     elapsed = self.clock.now() - started
                     self._typical_s += 0.2 * (elapsed - self._typical_s)
                 if reason is None:
@@ -164,13 +181,12 @@ class Retry:
             self.events.retry(self.route, reason)
             flow.retry_reasons.append(reason)
 
-    def _give_up(self, flow: Flow, failure: Reply | Exception) -> Reply:
+    def _give_up(self, flow: Flow, failure: Reply | AttemptFailed) -> Reply:
         """The last answer: a vendor reply passes through; our own errors are raised."""
-        if isinstance(failure, Exception):
-            if hasattr(failure, "attempts"):
-                failure.attempts = flow.attempts
+        if isinstance(failure, AttemptFailed):
+            failure.attempts = flow.attempts
             raise failure
-        if self.classify(failure) == "malformed":
+        if self.classify(failure) is Outcome.MALFORMED:
             failure.discard()
             raise UpstreamMalformed(
                 f"{self.route}: upstream answered {failure.status} with a body that is not a "

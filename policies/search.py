@@ -10,41 +10,52 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, Literal
 from urllib.parse import parse_qsl, quote
 
 from multidict import CIMultiDict
 
-from policies.clock import Clock
-from policies.events import Events
-from policies.flow import Flow, Handler, Reply
+from policies.core.clock import Clock
+from policies.core.errors import BadRequest, ProxyError
+from policies.core.events import Events
+from policies.core.flow import Flow, Handler, Reply
+from policies.core.outcome import Classifier, Outcome
 from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query
-from policies.retry import Classifier, outcome_of_status
 from policies.simplify import simplify_query
-from proxy.config import SearchConfig
-from proxy.errors import BadRequest, ProxyError
 
 # Statuses that mean "this exact request will fail again": bad key, no credits, bad input.
 TERMINAL_STATUSES = frozenset({400, 401, 402, 403, 422})
 LOOP_GUARD_ENTRIES = 10_000
 
 
+@dataclass(frozen=True)
+class SearchConfig:
+    """A route's `search:` section."""
+
+    vendor: str  # the profile that reads this route's requests and answers
+    on_empty: Literal["simplify", "pass"] = "simplify"
+    max_variants: int = 3
+    max_query_chars: int = 2000
+    loop_guard: float = 30.0  # seconds a terminal failure is remembered per client; 0 = off
+
+
 def search_classifier(profile: VendorProfile) -> Classifier:
     """A classifier reading the body by the vendor's profile; streams go by status alone."""
     verdicts = {
-        Verdict.OK: "ok",
-        Verdict.EMPTY: "empty",
-        Verdict.MALFORMED: "malformed",
-        Verdict.TERMINAL: "terminal",
+        Verdict.OK: Outcome.OK,
+        Verdict.EMPTY: Outcome.EMPTY,
+        Verdict.MALFORMED: Outcome.MALFORMED,
+        Verdict.TERMINAL: Outcome.TERMINAL,
     }
 
-    def classify(reply: Reply) -> str:
+    def classify(reply: Reply) -> Outcome:
         if reply.outcome is None:
             if reply.stream is not None:
-                reply.outcome = outcome_of_status(reply.status)
+                reply.outcome = Outcome.of_status(reply.status)
             else:
                 verdict = assess(profile, reply.status, reply.body).verdict
-                reply.outcome = verdicts.get(verdict) or outcome_of_status(reply.status)
+                reply.outcome = verdicts.get(verdict) or Outcome.of_status(reply.status)
         return reply.outcome
 
     return classify
@@ -125,8 +136,8 @@ class SearchGuard(_SearchPolicy):
             del self._failures[key]
         reply = await call_next(flow)
         outcome = self.classify(reply)
-        terminal = outcome == "terminal" or (
-            outcome != "empty" and reply.status in TERMINAL_STATUSES
+        terminal = outcome is Outcome.TERMINAL or (
+            outcome is not Outcome.EMPTY and reply.status in TERMINAL_STATUSES
         )
         if terminal and reply.stream is None:
             self._failures[key] = (now + self.config.loop_guard, reply)
@@ -143,7 +154,7 @@ class SearchRecovery(_SearchPolicy):
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         ref = find_query(self.profile, flow)
         reply = await call_next(flow)
-        if ref is None or not ref.is_text or self.classify(reply) != "empty":
+        if ref is None or not ref.is_text or self.classify(reply) is not Outcome.EMPTY:
             return reply
         original = (flow.path, flow.query_string, flow.body)
         for variant in simplify_query(ref.text, self.config.max_variants):
@@ -163,15 +174,16 @@ class SearchRecovery(_SearchPolicy):
                 self.events.search_variant(self.route, "failed")
                 break
             outcome = self.classify(candidate)
-            if outcome == "ok":
+            if outcome is Outcome.OK:
                 self.events.search_variant(self.route, "results")
                 reply.discard()
                 flow.query_used = variant
                 flow.reply_headers["X-Search-Query-Used"] = quote(variant, safe="")
                 return candidate
-            self.events.search_variant(self.route, "empty" if outcome == "empty" else "failed")
+            empty = outcome is Outcome.EMPTY
+            self.events.search_variant(self.route, "empty" if empty else "failed")
             candidate.discard()
-            if outcome != "empty":
+            if not empty:
                 break
         flow.path, flow.query_string, flow.body = original
         return reply

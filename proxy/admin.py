@@ -14,7 +14,8 @@ import os
 import orjson
 from aiohttp import web
 
-from proxy.errors import NotFound, ProxyError, Unauthorized
+from policies.core.errors import ProxyError
+from proxy.errors import NotFound, Unauthorized
 from proxy.pipeline import Route
 
 TOKEN_ENV = "SEARCH_PROXY_ADMIN_TOKEN"

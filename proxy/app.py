@@ -19,12 +19,13 @@ import structlog
 from aiohttp import web
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from policies.clock import SYSTEM_CLOCK, Clock
-from policies.flow import Flow, Reply
-from policies.shared import RedisLink
+from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.errors import ProxyError
+from policies.core.flow import Flow, Reply
+from policies.core.redislink import RedisLink
 from proxy.admin import Admin
 from proxy.config import Config
-from proxy.errors import MethodNotAllowed, PayloadTooLarge, ProxyError
+from proxy.errors import MethodNotAllowed, PayloadTooLarge
 from proxy.forward import request_headers
 from proxy.logs import redact_query
 from proxy.metrics import Metrics
@@ -281,7 +282,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)
     state.routes = {name: build_route(cfg, deps) for name, cfg in state.config.routes.items()}
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
-    state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics)
+    state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
     state.admin = Admin(state.routes, state.config.server.admin_token)
     for route in state.routes.values():
         if route.breaker is not None:

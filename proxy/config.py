@@ -10,12 +10,21 @@ import os
 import re
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass
+from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
 import yaml
+
+from policies.breaker import BreakerConfig
+from policies.cache import CacheConfig
+from policies.core.outcome import RETRY_CONDITIONS, Outcome
+from policies.profiles import BUILTIN_PROFILES, VendorProfile, profile_from_mapping
+from policies.ratelimit import RateLimitConfig
+from policies.retry import BackoffConfig, BudgetConfig, RetryAfterConfig, RetryConfig
+from policies.search import SearchConfig
 
 T = TypeVar("T")
 
@@ -32,7 +41,8 @@ SECRET_HEADERS = frozenset(
         "Cookie",
     )
 )
-RETRY_CONDITIONS = ("429", "5xx", "timeout", "connect_error", "reset", "malformed")
+# The words a retry `on:` list takes besides status codes.
+RETRY_WORDS = ("429", "5xx", *RETRY_CONDITIONS)
 
 
 class _Loader(yaml.SafeLoader):
@@ -102,78 +112,6 @@ class HeaderRules:
 
 
 @dataclass(frozen=True)
-class BackoffConfig:
-    initial: float = 0.2
-    max: float = 5.0
-    multiplier: float = 2.0
-    jitter: str = "full"
-
-
-@dataclass(frozen=True)
-class RetryAfterConfig:
-    honor: bool = True
-    max_wait: float = 10.0
-
-
-@dataclass(frozen=True)
-class BudgetConfig:
-    ratio: float = 0.2
-    min_per_s: int = 3
-
-
-@dataclass(frozen=True)
-class RetryConfig:
-    attempts: int = 3
-    on_statuses: frozenset[int] = frozenset({429, 500, 502, 503, 504})
-    on_conditions: frozenset[str] = frozenset({"timeout", "connect_error", "reset", "malformed"})
-    backoff: BackoffConfig = BackoffConfig()
-    retry_after: RetryAfterConfig = RetryAfterConfig()
-    budget: BudgetConfig = BudgetConfig()
-    methods: frozenset[str] = frozenset({"GET", "POST"})
-
-
-@dataclass(frozen=True)
-class RateLimitConfig:
-    rate: float  # tokens per second
-    burst: int
-    key: str = "route"  # route | client
-    client_header: str | None = (
-        None  # identity header for key=client; default hash of Authorization
-    )
-    max_wait: float = 1.0
-
-
-@dataclass(frozen=True)
-class BreakerConfig:
-    fail_max: int = 5
-    reset_timeout: float = 30.0
-    success_threshold: int = 1
-    half_open_probes: int = 1
-
-
-@dataclass(frozen=True)
-class CacheConfig:
-    ttl: float = 600.0
-    stale_ttl: float = 86400.0
-    max_entry_bytes: int = 1024 * 1024
-    methods: frozenset[str] = frozenset({"GET", "POST"})
-    ignore_body_fields: tuple[str, ...] = ()
-    shared: bool = False
-    max_entries: int = 10_000
-    max_bytes: int = 256 * 1024 * 1024
-    lock_wait: float = 2.0
-
-
-@dataclass(frozen=True)
-class SearchConfig:
-    vendor: str
-    on_empty: str = "simplify"  # simplify | pass
-    max_variants: int = 3
-    max_query_chars: int = 2000
-    loop_guard: float = 30.0  # seconds a terminal failure is remembered per client; 0 = off
-
-
-@dataclass(frozen=True)
 class RouteConfig:
     name: str
     prefix: str
@@ -203,7 +141,7 @@ class Config:
     redis: RedisConfig | None = None
     log: LogConfig = LogConfig()
     search_api: SearchApiConfig = SearchApiConfig()
-    profiles: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    profiles: Mapping[str, VendorProfile] = field(default_factory=lambda: MappingProxyType({}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -406,9 +344,9 @@ def _headers(raw: Any, path: str) -> HeaderRules:
     return HeaderRules(set=MappingProxyType(dict(set_raw)), remove=remove)
 
 
-def _retry_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[str]]:
+def _retry_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[Outcome]]:
     statuses: set[int] = set()
-    conditions: set[str] = set()
+    conditions: set[Outcome] = set()
     if not isinstance(value, list):
         raise ConfigError(path, f"expected a list like [429, 5xx, timeout], got {value!r}")
     for i, item in enumerate(value):
@@ -419,15 +357,14 @@ def _retry_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[str]]:
             statuses.add(item)
         elif item == "5xx":
             statuses.update((500, 502, 503, 504))
+        elif item == "429":
+            statuses.add(429)
         elif item in RETRY_CONDITIONS:
-            if item == "429":
-                statuses.add(429)
-            else:
-                conditions.add(item)
+            conditions.add(Outcome(item))
         else:
             raise ConfigError(
                 item_path,
-                f"expected a status code or one of {', '.join(RETRY_CONDITIONS)}, got {item!r}",
+                f"expected a status code or one of {', '.join(RETRY_WORDS)}, got {item!r}",
             )
     return frozenset(statuses), frozenset(conditions)
 
@@ -624,8 +561,6 @@ def interpolate(node: Any, env: Mapping[str, str], path: str = "") -> Any:
 
 def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
     """Validate a YAML document (already loaded) into a Config."""
-    from policies.profiles import BUILTIN_PROFILES, profile_from_mapping
-
     env = os.environ if env is None else env
     data = _mapping(
         interpolate(raw, env),
@@ -633,7 +568,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         ("server", "redis", "log", "routes", "search_api", "profiles"),
         required=("routes",),
     )
-    profiles: dict[str, Any] = dict(BUILTIN_PROFILES)
+    profiles: dict[str, VendorProfile] = dict(BUILTIN_PROFILES)
     for name, body in _mapping(
         data.get("profiles"), "profiles", tuple(data.get("profiles") or {})
     ).items():
@@ -716,6 +651,8 @@ def redacted(config: Config) -> dict[str, Any]:
             return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
         if isinstance(obj, Mapping):
             return {str(k): plain(v) for k, v in obj.items()}
+        if isinstance(obj, Enum):
+            return obj.value
         if isinstance(obj, frozenset):
             return sorted(plain(v) for v in obj)
         if isinstance(obj, tuple | list):

@@ -14,10 +14,16 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from policies.backoff import attempt_timeout
-from policies.clock import Clock
-from policies.flow import Flow, Reply
+from policies.core.clock import Clock
+from policies.core.errors import (
+    DeadlineExceeded,
+    UpstreamTimeout,
+    UpstreamUnreachable,
+    seconds_text,
+)
+from policies.core.flow import Flow, Reply
+from policies.core.outcome import Outcome
 from proxy.config import RouteConfig
-from proxy.errors import DeadlineExceeded, UpstreamTimeout, UpstreamUnreachable, seconds_text
 
 HOP_BY_HOP = frozenset(
     {
@@ -165,7 +171,7 @@ class Upstream:
                 f"{self._attempt_text(flow)}; try again shortly or use another provider",
                 route=self.route,
                 attempts=flow.attempts,
-                condition="connect_error",
+                outcome=Outcome.CONNECT_ERROR,
             ) from None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             # After a connection was made (connect failures are caught above): disconnects,
@@ -177,7 +183,7 @@ class Upstream:
                 f"({type(exc).__name__}) {self._attempt_text(flow)}; try again shortly",
                 route=self.route,
                 attempts=flow.attempts,
-                condition="reset",
+                outcome=Outcome.RESET,
             ) from None
         finally:
             elapsed = self.clock.now() - now
@@ -201,4 +207,5 @@ class Upstream:
             f"{self._attempt_text(flow)}; try again shortly",
             route=self.route,
             attempts=flow.attempts,
+            reason=f"timed out after {seconds_text(self.per_try)}",
         )

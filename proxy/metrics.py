@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 
+from policies.core.outcome import Outcome
+
 # The *_created series double the exposition and no dashboard reads them.
 disable_created_metrics()
 
@@ -56,7 +58,7 @@ class RouteMetrics:
 
 
 class Metrics:
-    """Every metric the proxy exports; also the `policies.events.Events` implementation."""
+    """Every metric the proxy exports; also the `policies.core.events.Events` implementation."""
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
@@ -183,9 +185,9 @@ class Metrics:
             self.breaker_state.labels(name)
         return bound
 
-    # -- policies.events.Events ----------------------------------------------------------------
+    # -- policies.core.events.Events ---------------------------------------------------------------
 
-    def attempt(self, route: str, outcome: str) -> None:
+    def attempt(self, route: str, outcome: Outcome) -> None:
         self.upstream_attempts.labels(route, outcome).inc()
 
     def retry(self, route: str, reason: str) -> None:

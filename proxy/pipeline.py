@@ -14,20 +14,20 @@ attempt, and only attempts that reach the vendor, spends a token.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import aiohttp
 
 from policies.breaker import Breaker
 from policies.cache import StaleCache, build_store, default_storable
-from policies.clock import Clock
-from policies.events import Events
-from policies.flow import Handler, Policy, Reply, compose
+from policies.core.clock import Clock
+from policies.core.events import Events
+from policies.core.flow import Handler, Policy, Reply, compose
+from policies.core.outcome import Classifier, Outcome, status_outcome
+from policies.core.redislink import RedisLink
 from policies.profiles import VendorProfile, ratelimit_hint
 from policies.ratelimit import RateLimit, bucket_store, quota_hint
-from policies.retry import NO_RETRY, Classifier, Retry, status_outcome
+from policies.retry import NO_RETRY, Retry
 from policies.search import SearchGuard, SearchRecovery, search_classifier
-from policies.shared import RedisLink
 from proxy.config import Config, RouteConfig
 from proxy.forward import Upstream
 from proxy.metrics import Metrics, RouteMetrics
@@ -45,8 +45,8 @@ class Route:
     policies: list[Policy] = field(default_factory=list)
     classify: Classifier = status_outcome
     profile: VendorProfile | None = None
-    breaker: Any = None
-    cache: Any = None
+    breaker: Breaker | None = None
+    cache: StaleCache | None = None
 
     @property
     def name(self) -> str:
@@ -80,7 +80,7 @@ def _storable(classify: Classifier):
     """A search answer is cached when it is a 2xx the profile reads as results or as empty."""
 
     def storable(reply: Reply) -> bool:
-        return 200 <= reply.status < 300 and classify(reply) in ("ok", "empty")
+        return 200 <= reply.status < 300 and classify(reply) in (Outcome.OK, Outcome.EMPTY)
 
     return storable
 

@@ -13,7 +13,8 @@ from dataclasses import dataclass
 from typing import Generic, TypeVar
 from urllib.parse import unquote
 
-from proxy.errors import BadRequest, NotFound
+from policies.core.errors import BadRequest
+from proxy.errors import NotFound
 
 R = TypeVar("R")
 

@@ -10,7 +10,6 @@ a vendor from here, since one caller's key for one vendor must not reach another
 from __future__ import annotations
 
 import asyncio
-import time
 from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlencode
@@ -20,10 +19,14 @@ from aiohttp import web
 from multidict import CIMultiDict
 
 from policies.backoff import parse_retry_after
-from policies.flow import Flow
+from policies.core.clock import Clock
+from policies.core.errors import BadRequest, CircuitOpen, ProxyError, seconds_text
+from policies.core.flow import Flow
+from policies.core.outcome import Outcome
 from policies.profiles import build_search_request, extract_results, normalize_results
 from proxy.config import SearchApiConfig
-from proxy.errors import BadRequest, ProvidersExhausted, ProxyError, seconds_text
+from proxy.errors import ProvidersExhausted
+from proxy.metrics import Metrics
 from proxy.pipeline import Route
 
 MAX_BATCH = 20
@@ -99,8 +102,11 @@ def parse_request(
 class SearchApi:
     """Runs normalised searches across providers; owned by the app, built at start-up."""
 
-    def __init__(self, config: SearchApiConfig, routes: dict[str, Route], metrics: Any) -> None:
+    def __init__(
+        self, config: SearchApiConfig, routes: dict[str, Route], metrics: Metrics, clock: Clock
+    ) -> None:
         self.config = config
+        self.clock = clock
         self.routes = routes
         self.metrics = metrics
         self.max_chars = min(
@@ -189,7 +195,7 @@ class SearchApi:
         )
 
     async def _try(self, route: Route, query: str, max_results: int, rid: str) -> _Outcome:
-        started = time.monotonic()
+        started = self.clock.now()
         breaker = route.breaker
         if breaker is not None and breaker.state == "open":
             wait = breaker.seconds_until_half_open()
@@ -208,7 +214,7 @@ class SearchApi:
         try:
             reply = await route.handler(flow)
         except ProxyError as err:
-            ms = (time.monotonic() - started) * 1000
+            ms = (self.clock.now() - started) * 1000
             return _Outcome(
                 Tried(
                     route.name,
@@ -220,10 +226,10 @@ class SearchApi:
                     err.retry_after_s,
                 )
             )
-        ms = (time.monotonic() - started) * 1000
+        ms = (self.clock.now() - started) * 1000
         used = flow.query_used or query
         outcome = route.classify(reply)
-        if outcome == "ok":
+        if outcome is Outcome.OK:
             try:
                 data = orjson.loads(reply.body)
             except orjson.JSONDecodeError:
@@ -246,9 +252,9 @@ class SearchApi:
                     cache_age_s=int(age) if age and age.isdigit() else None,
                 )
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
-        if outcome == "empty":
+        if outcome is Outcome.EMPTY:
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
-        wait = parse_retry_after(reply.headers.get("Retry-After"), time.time())
+        wait = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
         reason = f"{reply.status}" + (f" (retry after {seconds_text(wait)})" if wait else "")
         return _Outcome(Tried(route.name, used, "failed", reply.status, ms, reason, wait))
 
@@ -262,7 +268,7 @@ class SearchApi:
             headers["Content-Type"] = "application/json"
         if rid:
             headers["X-Request-Id"] = rid
-        now = time.monotonic()
+        now = self.clock.now()
         return Flow(
             route=route.name,
             method=sr.method,
@@ -288,20 +294,10 @@ class _Outcome:
 
 def _reason(err: ProxyError) -> str:
     """A provider's failure in a few words: 'timed out after 10s', 'circuit open (retry in 27s)'."""
-    retry = f" (retry after {seconds_text(err.retry_after_s)})" if err.retry_after_s else ""
-    if err.type == "upstream_timeout":
-        return err.message.split(": ", 1)[-1].split(" (attempt")[0].replace("upstream ", "")
-    if err.type == "circuit_open":
-        return f"circuit open{retry.replace('after', 'in')}"
-    if err.type in ("rate_limited", "upstream_rate_limited"):
-        return f"429{retry}"
-    if err.type == "upstream_unreachable":
-        return "unreachable"
-    if err.type == "upstream_malformed":
-        return "answered a malformed body"
-    if err.type == "deadline_exceeded":
-        return "ran out of time"
-    return err.type.replace("_", " ") + retry
+    if err.retry_after_s is None or err.retry_after_s <= 0:
+        return err.reason
+    when = "in" if isinstance(err, CircuitOpen) else "after"
+    return f"{err.reason} (retry {when} {seconds_text(err.retry_after_s)})"
 
 
 def _dumps(obj: Any) -> str:

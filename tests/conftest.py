@@ -8,7 +8,7 @@ from typing import Any
 import pytest
 from redis.asyncio import Redis
 
-from policies.shared import RedisLink
+from policies.core.redislink import RedisLink
 from proxy.app import build_app
 from proxy.config import parse_config
 from tests.fakevendor import FakeVendor

@@ -17,7 +17,7 @@ from policies.backoff import (
     parse_retry_after,
     wait_for_retry,
 )
-from policies.clock import ManualClock
+from policies.core.clock import ManualClock
 
 NOW_WALL = 1_700_000_000.0  # Tue, 14 Nov 2023 22:13:20 GMT
 

@@ -11,13 +11,9 @@ import pytest
 from multidict import CIMultiDict
 from redis.asyncio import Redis
 
-from policies.breaker import Breaker, Snapshot, parse_snapshot
-from policies.clock import ManualClock
-from policies.events import NullEvents
-from policies.flow import Flow, Reply
-from policies.shared import RedisLink
-from proxy.config import BreakerConfig
-from proxy.errors import (
+from policies.breaker import Breaker, BreakerConfig, Snapshot, parse_snapshot
+from policies.core.clock import ManualClock
+from policies.core.errors import (
     BadRequest,
     CircuitOpen,
     DeadlineExceeded,
@@ -27,6 +23,9 @@ from proxy.errors import (
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from policies.core.events import NullEvents
+from policies.core.flow import Flow, Reply
+from policies.core.redislink import RedisLink
 from tests.redisserver import RedisServer
 
 ROUTE = "tavily"

@@ -13,6 +13,7 @@ from multidict import CIMultiDict
 from redis.asyncio import Redis
 
 from policies.cache import (
+    CacheConfig,
     Cleared,
     Directives,
     Entry,
@@ -26,24 +27,22 @@ from policies.cache import (
     freshness,
     request_directives,
 )
-from policies.clock import SYSTEM_CLOCK, Clock, ManualClock
-from policies.events import NullEvents
-from policies.flow import Flow, Reply
-from policies.shared import RedisLink
-from proxy.config import CacheConfig
-from proxy.errors import (
+from policies.core.clock import SYSTEM_CLOCK, Clock, ManualClock
+from policies.core.errors import (
     BadRequest,
     CircuitOpen,
     DeadlineExceeded,
-    NotFound,
     ProxyError,
     RateLimited,
-    Unauthorized,
     UpstreamMalformed,
     UpstreamRetryAfterTooLong,
     UpstreamTimeout,
     UpstreamUnreachable,
 )
+from policies.core.events import NullEvents
+from policies.core.flow import Flow, Reply
+from policies.core.redislink import RedisLink
+from proxy.errors import NotFound, Unauthorized
 from tests.redisserver import RedisServer
 
 ROUTE = "tavily"

@@ -6,7 +6,7 @@ from __future__ import annotations
 import asyncio
 import time
 
-from policies.clock import ManualClock
+from policies.core.clock import ManualClock
 from tests.conftest import route
 from tests.fakevendor import Fault
 

@@ -12,23 +12,24 @@ import pytest
 from multidict import CIMultiDict
 from redis.asyncio import Redis
 
-from policies.clock import SYSTEM_CLOCK, ManualClock
-from policies.events import NullEvents
-from policies.flow import Flow, Reply
+from policies.core.clock import SYSTEM_CLOCK, ManualClock
+from policies.core.errors import RateLimited
+from policies.core.events import NullEvents
+from policies.core.flow import Flow, Reply
+from policies.core.redislink import RedisLink
 from policies.ratelimit import (
     MAX_PAUSE,
     Grant,
     MemoryBuckets,
     RateLimit,
+    RateLimitConfig,
     RedisBuckets,
     Refusal,
     TokenBucket,
     bucket_store,
     quota_hint,
 )
-from policies.shared import RedisLink
-from proxy.config import RateLimitConfig, parse_rate
-from proxy.errors import RateLimited
+from proxy.config import parse_rate
 from tests.redisserver import RedisServer
 
 

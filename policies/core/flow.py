@@ -14,6 +14,8 @@ from typing import Protocol
 
 from multidict import CIMultiDict
 
+from policies.core.outcome import Outcome
+
 
 @dataclass(slots=True)
 class Reply:
@@ -24,7 +26,7 @@ class Reply:
     body: bytes = b""
     stream: AsyncIterator[bytes] | None = None
     release: Callable[[], None] | None = None
-    outcome: str | None = None  # set once by the route's classifier, so the body is parsed once
+    outcome: Outcome | None = None  # set once by the route's classifier, so the body is parsed once
 
     def discard(self) -> None:
         """Give back the upstream connection of a reply we will not send."""

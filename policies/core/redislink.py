@@ -17,8 +17,8 @@ from redis.asyncio.retry import Retry
 from redis.backoff import NoBackoff
 from redis.exceptions import RedisError
 
-from policies.clock import SYSTEM_CLOCK, Clock
-from policies.events import Events, NullEvents
+from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.events import Events, NullEvents
 
 T = TypeVar("T")
 log = structlog.get_logger("search_proxy.redis")

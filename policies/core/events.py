@@ -8,11 +8,12 @@ from __future__ import annotations
 
 from typing import Protocol
 
+from policies.core.outcome import Outcome
+
 
 class Events(Protocol):
-    def attempt(self, route: str, outcome: str) -> None:
-        """One upstream attempt ended: outcome is ok, client_error, 429, 5xx, timeout,
-        connect_error, reset, malformed, empty or terminal."""
+    def attempt(self, route: str, outcome: Outcome) -> None:
+        """One upstream attempt ended, as the route's classifier (or the failure) says."""
 
     def retry(self, route: str, reason: str) -> None:
         """A retry was scheduled for `reason` (429, 5xx, timeout, connect_error, reset ...)."""
@@ -42,7 +43,7 @@ class Events(Protocol):
 class NullEvents:
     """Events that go nowhere (tests and tools that do not care)."""
 
-    def attempt(self, route: str, outcome: str) -> None:
+    def attempt(self, route: str, outcome: Outcome) -> None:
         pass
 
     def retry(self, route: str, reason: str) -> None:

@@ -1,0 +1,174 @@
+"""Errors the proxy answers itself, as classes whose category decides what policies do with them.
+
+Three categories, read by `isinstance`, never by message text:
+- `ClientFault`: the request itself is wrong; never retried, never answered stale.
+- `LocalRefusal`: the proxy refused without calling the vendor (our limiter, our open circuit);
+  not evidence about the vendor, so the breaker ignores it; a stale entry may stand in.
+- `VendorFailure`: a vendor call failed; counted by the breaker, a stale entry may stand in.
+
+Every error renders as `{"error": {"type", "message", "route", "attempts", "upstream_status",
+"retry_after_s"}}`; the message is one sentence saying what happened and what to do, and
+`reason` is the same in a few words (`timed out after 10s`), for summaries such as /v1/search's.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, ClassVar
+
+from policies.core.outcome import Outcome
+
+
+class ProxyError(Exception):
+    """Base of every error answered by the proxy rather than by a vendor."""
+
+    status: ClassVar[int] = 502
+    type: ClassVar[str] = "proxy_error"
+    summary: ClassVar[str] = ""  # the default `reason`; else the type in words
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        route: str | None = None,
+        attempts: int = 0,
+        upstream_status: int | None = None,
+        retry_after_s: float | None = None,
+        headers: dict[str, str] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.route = route
+        self.attempts = attempts
+        self.upstream_status = upstream_status
+        self.retry_after_s = retry_after_s
+        self.headers = dict(headers or {})
+        self.reason = reason or self.summary or self.type.replace("_", " ")
+
+    def payload(self) -> dict[str, Any]:
+        """The JSON body an agent receives."""
+        retry = None if self.retry_after_s is None else round(self.retry_after_s, 3)
+        return {
+            "error": {
+                "type": self.type,
+                "message": self.message,
+                "route": self.route,
+                "attempts": self.attempts,
+                "upstream_status": self.upstream_status,
+                "retry_after_s": retry,
+            }
+        }
+
+    def response_headers(self) -> dict[str, str]:
+        """Headers to send with the error; Retry-After in whole seconds when known."""
+        headers = dict(self.headers)
+        if self.retry_after_s is not None and "Retry-After" not in headers:
+            headers["Retry-After"] = str(max(0, math.ceil(self.retry_after_s)))
+        return headers
+
+
+# ---------------------------------------------------------------------------------------------
+# Categories
+
+
+class ClientFault(ProxyError):
+    """The request is at fault: sending it again unchanged fails the same way."""
+
+    status = 400
+    type = "bad_request"
+
+
+class LocalRefusal(ProxyError):
+    """The proxy declined to call the vendor; the vendor itself may be fine."""
+
+    status = 503
+    type = "refused"
+
+
+class VendorFailure(ProxyError):
+    """A call to the vendor failed; `outcome` says how (the attempt metric's label)."""
+
+    outcome: Outcome = Outcome.SERVER_ERROR
+
+
+class AttemptFailed(VendorFailure):
+    """One upstream attempt failed in a way the retry loop may retry (`outcome` in `on:`)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The errors policies raise
+
+
+class BadRequest(ClientFault):
+    status = 400
+    type = "bad_request"
+
+
+class RateLimited(LocalRefusal):
+    """The proxy's own token bucket refused the request."""
+
+    status = 429
+    type = "rate_limited"
+    summary = "429"
+
+
+class CircuitOpen(LocalRefusal):
+    status = 503
+    type = "circuit_open"
+    summary = "circuit open"
+
+
+class UpstreamRetryAfterTooLong(VendorFailure):
+    """The vendor asked us to wait longer than the route allows holding an agent."""
+
+    status = 429
+    type = "upstream_rate_limited"
+    summary = "429"
+    outcome = Outcome.RATE_LIMITED
+
+
+class DeadlineExceeded(VendorFailure):
+    status = 504
+    type = "deadline_exceeded"
+    summary = "ran out of time"
+    outcome = Outcome.TIMEOUT
+
+
+class UpstreamTimeout(AttemptFailed):
+    status = 504
+    type = "upstream_timeout"
+    summary = "timed out"
+    outcome = Outcome.TIMEOUT
+
+
+class UpstreamUnreachable(AttemptFailed):
+    """Connection refused, DNS failure, TLS failure or a connection reset before an answer."""
+
+    status = 502
+    type = "upstream_unreachable"
+    summary = "unreachable"
+
+    def __init__(
+        self, message: str, *, outcome: Outcome = Outcome.CONNECT_ERROR, **kw: Any
+    ) -> None:
+        super().__init__(message, **kw)
+        self.outcome = outcome  # connect_error, or reset when the connection dropped mid-answer
+
+
+class UpstreamMalformed(AttemptFailed):
+    """The vendor answered 2xx with a body that is not a usable search response."""
+
+    status = 502
+    type = "upstream_malformed"
+    summary = "answered a malformed body"
+    outcome = Outcome.MALFORMED
+
+
+def seconds_text(seconds: float) -> str:
+    """Render a duration the way an agent reads it: 250ms, 10s, 1.5s, 27s."""
+    if seconds < 1:
+        return f"{round(seconds * 1000)}ms"
+    if seconds >= 10 or float(seconds).is_integer():
+        return f"{math.ceil(seconds - 1e-9)}s"
+    return f"{seconds:.1f}s"
