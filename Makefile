@@ -18,6 +18,8 @@ test: $(TEST_STAMP) redis-server deploy-tools
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/lint-imports
 
 format: $(TEST_STAMP)
 	$(BIN)/ruff check --fix .

@@ -10,7 +10,7 @@ import asyncio
 import contextlib
 import itertools
 import secrets
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final, NamedTuple
@@ -82,14 +82,13 @@ def parse_snapshot(data: bytes | str) -> Snapshot | None:
         return None
 
 
-def snapshot_from_hash(fields: dict[bytes, bytes]) -> Snapshot | None:
+def snapshot_from_hash(fields: Mapping[bytes | str, bytes | str]) -> Snapshot | None:
     """Decode the state hash (HGETALL); None when it is missing or malformed."""
     try:
-        return parse_snapshot(
-            b"|".join(fields[k] for k in (b"state", b"since", b"opened_at", b"failures", b"origin"))
-        )
+        values = [fields[k] for k in (b"state", b"since", b"opened_at", b"failures", b"origin")]
     except KeyError:
         return None
+    return parse_snapshot(b"|".join(v if isinstance(v, bytes) else v.encode() for v in values))
 
 
 class ClockedMemoryStorage(pybreaker.CircuitBreakerStorage):
@@ -252,6 +251,8 @@ class RedisBreakerState:
 
     async def release_probe(self, grant: SlotGrant) -> None:
         """Free a slot we hold; if Redis is unreachable, its lease frees it instead."""
+        if grant.key is None:
+            return
         keys, args = [grant.key], [grant.token]
         await self._link.run(lambda r: self._release(keys=keys, args=args, client=r))
 
@@ -296,7 +297,7 @@ class RedisBreakerState:
                         apply(snap)
         finally:
             with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()
+                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
 
 class _VendorUnwell(Exception):

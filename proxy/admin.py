@@ -10,10 +10,13 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
+from collections.abc import Awaitable, Callable
 
 import orjson
 from aiohttp import web
 
+from policies.breaker import Breaker
+from policies.cache import StaleCache
 from policies.core.errors import ProxyError
 from proxy.errors import NotFound, Unauthorized
 from proxy.pipeline import Route
@@ -51,21 +54,36 @@ class Admin:
     def __init__(self, routes: dict[str, Route], token: str | None) -> None:
         self.routes = routes
         self.token = token or os.environ.get(TOKEN_ENV) or None
+        # Named like the resources registered in proxy/app.py.
+        self._handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {
+            "breakers": self.breakers,
+            "reset_breaker": self.reset_breaker,
+            "clear_cache": self.clear_cache,
+        }
 
-    def _route(self, request: web.Request, need: str) -> Route:
+    def _missing(self, name: str, need: str) -> NotFound:
+        having = sorted(n for n, r in self.routes.items() if getattr(r, need) is not None)
+        return NotFound(f"no route {name!r} with a {need}; routes with one: {having}")
+
+    def _breaker(self, request: web.Request) -> tuple[str, Breaker]:
         name = request.match_info["route"]
         route = self.routes.get(name)
-        if route is None or getattr(route, need) is None:
-            having = sorted(n for n, r in self.routes.items() if getattr(r, need) is not None)
-            raise NotFound(f"no route {name!r} with a {need}; routes with one: {having}")
-        return route
+        if route is None or route.breaker is None:
+            raise self._missing(name, "breaker")
+        return name, route.breaker
+
+    def _cache(self, request: web.Request) -> tuple[str, StaleCache]:
+        name = request.match_info["route"]
+        route = self.routes.get(name)
+        if route is None or route.cache is None:
+            raise self._missing(name, "cache")
+        return name, route.cache
 
     async def dispatch(self, request: web.Request) -> web.Response:
         """Authorize, then run the handler named by the matched resource; errors as JSON."""
         try:
             authorize(request.remote, request.headers.get("Authorization", ""), self.token)
-            handler = getattr(self, request.match_info.route.name or "")
-            return await handler(request)
+            return await self._handlers[request.match_info.route.name or ""](request)
         except ProxyError as err:
             return _json(err.payload(), err.status)
 
@@ -83,12 +101,12 @@ class Admin:
 
     async def reset_breaker(self, request: web.Request) -> web.Response:
         """POST /admin/breakers/{route}/reset: close it here and, with Redis, everywhere."""
-        route = self._route(request, "breaker")
-        await route.breaker.reset()
-        return _json({"route": route.name, "state": route.breaker.state})
+        name, breaker = self._breaker(request)
+        await breaker.reset()
+        return _json({"route": name, "state": breaker.state})
 
     async def clear_cache(self, request: web.Request) -> web.Response:
         """DELETE /admin/cache/{route}: drop the route's entries here and in Redis."""
-        route = self._route(request, "cache")
-        cleared = await route.cache.clear()
-        return _json({"route": route.name, "local": cleared.local, "shared": cleared.shared})
+        name, cache = self._cache(request)
+        cleared = await cache.clear()
+        return _json({"route": name, "local": cleared.local, "shared": cleared.shared})

@@ -17,6 +17,7 @@ import aiohttp
 import orjson
 import structlog
 from aiohttp import web
+from multidict import CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
@@ -58,9 +59,9 @@ class ProxyState:
 STATE = web.AppKey("state", ProxyState)
 
 
-def client_identity(headers: aiohttp.typedefs.LooseHeaders) -> str:
+def client_identity(headers: CIMultiDictProxy[str]) -> str:
     """A short, stable hash of the caller's credentials ("" when it sent none)."""
-    parts = [headers.get(h, "") for h in CREDENTIAL_HEADERS]  # type: ignore[union-attr]
+    parts = [headers.get(h, "") for h in CREDENTIAL_HEADERS]
     if not any(parts):
         return ""
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()

@@ -222,7 +222,7 @@ def _str(value: Any, path: str) -> str:
 
 
 def _choice(value: Any, path: str, choices: tuple[str, ...]) -> str:
-    if value not in choices:
+    if not isinstance(value, str) or value not in choices:
         raise ConfigError(path, f"expected one of {', '.join(choices)}, got {value!r}")
     return value
 
@@ -243,7 +243,7 @@ def _methods(value: Any, path: str) -> frozenset[str]:
 
 def _mapping(
     value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
-) -> dict:
+) -> dict[str, Any]:
     if value is None:
         value = {}
     if not isinstance(value, dict):
@@ -597,8 +597,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
 
     search_api = _search_api(data.get("search_api"), "search_api")
     for i, provider in enumerate(search_api.providers):
-        route = routes.get(provider)
-        if route is None or route.search is None:
+        named = routes.get(provider)
+        if named is None or named.search is None:
             raise ConfigError(
                 f"search_api.providers[{i}]",
                 f"{provider!r} is not a route with a search section",
@@ -659,7 +659,7 @@ def redacted(config: Config) -> dict[str, Any]:
             return [plain(v) for v in obj]
         return obj
 
-    data = plain(config)
+    data: dict[str, Any] = plain(config)
     data.pop("profiles", None)
     data["profiles"] = sorted(config.profiles)
     if data["server"].get("admin_token"):

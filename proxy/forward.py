@@ -110,6 +110,8 @@ class Upstream:
         self.route = route.name
         self.session = session
         self.clock = clock
+        if base.host is None:
+            raise ValueError(f"{route.name}: upstream {route.upstream!r} has no host")
         self.scheme, self.host, self.port = base.scheme, base.host, base.explicit_port
         self.base_path = base.raw_path.rstrip("/")
         self.per_try = route.timeouts.per_try

@@ -82,7 +82,8 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
     ]
     if fmt == "json":
         processors.append(structlog.processors.JSONRenderer(serializer=_orjson_dumps))
-        factory: Any = structlog.BytesLoggerFactory(getattr(out, "buffer", out))
+        # orjson renders bytes: write them to the text stream's binary buffer underneath.
+        factory: Any = structlog.BytesLoggerFactory(out.buffer)
     else:
         processors.append(structlog.dev.ConsoleRenderer(colors=False))
         factory = structlog.PrintLoggerFactory(out)

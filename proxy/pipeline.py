@@ -13,6 +13,7 @@ attempt, and only attempts that reach the vendor, spends a token.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import aiohttp
@@ -25,7 +26,7 @@ from policies.core.flow import Handler, Policy, Reply, compose
 from policies.core.outcome import Classifier, Outcome, status_outcome
 from policies.core.redislink import RedisLink
 from policies.profiles import VendorProfile, ratelimit_hint
-from policies.ratelimit import RateLimit, bucket_store, quota_hint
+from policies.ratelimit import Hint, RateLimit, bucket_store, quota_hint
 from policies.retry import NO_RETRY, Retry
 from policies.search import SearchGuard, SearchRecovery, search_classifier
 from proxy.config import Config, RouteConfig
@@ -64,7 +65,7 @@ class Deps:
     redis: RedisLink | None
 
 
-def _profile_hint(profile: VendorProfile, clock: Clock):
+def _profile_hint(profile: VendorProfile, clock: Clock) -> Hint:
     """Pause the bucket when the vendor's headers say the quota is spent (before the 429)."""
 
     def hint(reply: Reply) -> float | None:
@@ -76,7 +77,7 @@ def _profile_hint(profile: VendorProfile, clock: Clock):
     return hint
 
 
-def _storable(classify: Classifier):
+def _storable(classify: Classifier) -> Callable[[Reply], bool]:
     """A search answer is cached when it is a 2xx the profile reads as results or as empty."""
 
     def storable(reply: Reply) -> bool:
@@ -89,12 +90,13 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     """Compose one route's policies, in the documented order, around its upstream."""
     events: Events = deps.metrics
     clock = deps.clock
-    profile = deps.config.profiles[cfg.search.vendor] if cfg.search else None
+    search = cfg.search
+    profile = deps.config.profiles[search.vendor] if search is not None else None
     classify = search_classifier(profile) if profile is not None else status_outcome
 
     policies: list[Policy] = []
-    if cfg.search is not None:
-        policies.append(SearchGuard(cfg.name, profile, cfg.search, classify, clock, events))
+    if search is not None and profile is not None:
+        policies.append(SearchGuard(cfg.name, profile, search, classify, clock, events))
     cache = None
     if cfg.cache is not None:
         cache = StaleCache(
@@ -113,8 +115,8 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             cfg.name, cfg.breaker, clock, events, deps.redis, probe_lease=cfg.timeouts.total
         )
         policies.append(breaker)
-    if cfg.search is not None and cfg.search.on_empty == "simplify":
-        policies.append(SearchRecovery(cfg.name, profile, cfg.search, classify, clock, events))
+    if search is not None and profile is not None and search.on_empty == "simplify":
+        policies.append(SearchRecovery(cfg.name, profile, search, classify, clock, events))
     policies.append(
         Retry(
             cfg.name,

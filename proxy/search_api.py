@@ -107,6 +107,7 @@ class SearchApi:
     ) -> None:
         self.config = config
         self.clock = clock
+        self.profiles = {n: r.profile for n, r in routes.items() if r.profile is not None}
         self.routes = routes
         self.metrics = metrics
         self.max_chars = min(
@@ -235,7 +236,7 @@ class SearchApi:
             except orjson.JSONDecodeError:
                 data = None
             results = normalize_results(
-                extract_results(route.profile, data),
+                extract_results(self.profiles[route.name], data),
                 max_results=max_results,
                 blocked_domains=self.config.blocked_domains,
                 blocked_extensions=self.config.blocked_extensions,
@@ -254,12 +255,12 @@ class SearchApi:
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
         if outcome is Outcome.EMPTY:
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
-        wait = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
-        reason = f"{reply.status}" + (f" (retry after {seconds_text(wait)})" if wait else "")
-        return _Outcome(Tried(route.name, used, "failed", reply.status, ms, reason, wait))
+        asked = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
+        reason = f"{reply.status}" + (f" (retry after {seconds_text(asked)})" if asked else "")
+        return _Outcome(Tried(route.name, used, "failed", reply.status, ms, reason, asked))
 
     def _flow(self, route: Route, query: str, max_results: int, rid: str) -> Flow:
-        sr = build_search_request(route.profile, query, max_results)
+        sr = build_search_request(self.profiles[route.name], query, max_results)
         headers: CIMultiDict[str] = CIMultiDict(route.set_headers)
         headers.update(sr.headers)
         body = b""

@@ -8,6 +8,7 @@ first call after that probes again, so recovery needs no operator.
 from __future__ import annotations
 
 import asyncio
+import enum
 from collections.abc import Awaitable, Callable
 from typing import Final, TypeVar
 
@@ -24,16 +25,19 @@ T = TypeVar("T")
 log = structlog.get_logger("search_proxy.redis")
 
 
-class _Unavailable:
-    """Returned instead of a value when Redis could not be used; callers fall back."""
+class _Unavailable(enum.Enum):
+    """Returned instead of a value when Redis could not be used; callers fall back.
 
-    __slots__ = ()
+    An enum member, so `if value is UNAVAILABLE: return` narrows the type for the checker.
+    """
+
+    UNAVAILABLE = "UNAVAILABLE"
 
     def __repr__(self) -> str:
         return "UNAVAILABLE"
 
 
-UNAVAILABLE: Final = _Unavailable()
+UNAVAILABLE: Final = _Unavailable.UNAVAILABLE
 
 
 class RedisLink:
