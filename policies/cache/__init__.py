@@ -1,0 +1,41 @@
+"""The stale-while-error cache: fresh entries answer, stale ones stand in when the vendor fails.
+
+Pure decisions in `key` and `entry`, byte stores in `store`, the cross-replica fetch lock in
+`lock`, and `StaleCache`, the policy, in `policy`."""
+
+from policies.cache.config import CacheConfig
+from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
+from policies.cache.key import Directives, cache_key, request_directives
+from policies.cache.lock import FetchLock, LockState, LockStore, Poll
+from policies.cache.policy import StaleCache
+from policies.cache.store import (
+    CacheStore,
+    Cleared,
+    MemoryStore,
+    RedisStore,
+    TieredStore,
+    build_store,
+)
+
+__all__ = [
+    "CacheConfig",
+    "CacheStore",
+    "Cleared",
+    "Directives",
+    "Entry",
+    "FetchLock",
+    "Freshness",
+    "LockState",
+    "LockStore",
+    "MemoryStore",
+    "Poll",
+    "RedisStore",
+    "StaleCache",
+    "TieredStore",
+    "build_store",
+    "cache_key",
+    "default_storable",
+    "entry_from_reply",
+    "freshness",
+    "request_directives",
+]

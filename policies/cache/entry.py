@@ -1,0 +1,104 @@
+"""What the cache keeps: an `Entry` and its binary form, which replies may be stored, and how
+fresh a stored entry is. Pure: no store, no I/O."""
+
+from __future__ import annotations
+
+import enum
+import struct
+from dataclasses import dataclass
+
+import orjson
+from multidict import CIMultiDict
+
+from policies.core.flow import Reply
+
+# Replayed from the vendor's answer. Everything else (Date, Set-Cookie, framing, hop-by-hop,
+# rate-limit counters, request ids) describes the original exchange, not a later replay.
+_REPLAYED_HEADERS = frozenset({"content-type", "content-language", "etag", "last-modified"})
+_VERSION = 1
+# version, stored_at (wall seconds), status, length of the JSON header list; then the body.
+_HEAD = struct.Struct(">BdHI")
+_ENTRY_OVERHEAD = 96  # the bookkeeping of one LRU slot, so tiny entries are not free
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One stored answer: the vendor's status, replayable headers and exact body bytes."""
+
+    status: int
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+    stored_at: float  # wall seconds
+
+    @property
+    def size(self) -> int:
+        """Bytes counted against the in-process bound."""
+        return len(self.body) + sum(len(k) + len(v) for k, v in self.headers) + _ENTRY_OVERHEAD
+
+    def to_bytes(self) -> bytes:
+        """A compact binary form: a 15-byte head, the headers as JSON, then the body."""
+        head = orjson.dumps(self.headers)
+        return _HEAD.pack(_VERSION, self.stored_at, self.status, len(head)) + head + self.body
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> Entry:
+        """Read `to_bytes` output; ValueError for anything else."""
+        try:
+            version, stored_at, status, head_len = _HEAD.unpack_from(data)
+        except struct.error as exc:
+            raise ValueError(f"cache entry too short: {len(data)} bytes") from exc
+        start = _HEAD.size
+        if version != _VERSION or start + head_len > len(data):
+            raise ValueError(f"not a version {_VERSION} cache entry")
+        pairs = orjson.loads(data[start : start + head_len])
+        if not isinstance(pairs, list) or not all(
+            isinstance(p, list) and len(p) == 2 and all(isinstance(s, str) for s in p)
+            for p in pairs
+        ):
+            raise ValueError("cache entry headers are not a list of name/value pairs")
+        headers = tuple((name, value) for name, value in pairs)
+        return cls(status, headers, data[start + head_len :], stored_at)
+
+    def reply(self) -> Reply:
+        """A new Reply carrying this entry."""
+        return Reply(self.status, CIMultiDict(self.headers), self.body)
+
+
+def entry_from_reply(reply: Reply, stored_at: float) -> Entry:
+    """The entry to store for a (non-streamed) reply."""
+    headers = tuple((k, v) for k, v in reply.headers.items() if k.lower() in _REPLAYED_HEADERS)
+    return Entry(reply.status, headers, reply.body, stored_at)
+
+
+def default_storable(reply: Reply) -> bool:
+    """A 2xx reply whose body parses when its content type says JSON."""
+    if not 200 <= reply.status < 300:
+        return False
+    media = reply.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    if media == "application/json" or media.endswith("+json"):
+        try:
+            orjson.loads(reply.body)
+        except orjson.JSONDecodeError:
+            return False
+    return True
+
+
+class Freshness(enum.Enum):
+    """Where an entry stands: served (FRESH), served only if the vendor fails (STALE), or gone."""
+
+    FRESH = "fresh"
+    STALE = "stale"
+    EXPIRED = "expired"
+
+
+def freshness(
+    stored_at_wall: float, now_wall: float, ttl: float, stale_ttl: float
+) -> tuple[Freshness, float]:
+    """The entry's state and age in seconds: fresh for `ttl`, then stale for `stale_ttl`."""
+    # Replicas' wall clocks differ a little; an entry from the future is simply new.
+    age = max(0.0, now_wall - stored_at_wall)
+    if age < ttl:
+        return Freshness.FRESH, age
+    if age < ttl + stale_ttl:
+        return Freshness.STALE, age
+    return Freshness.EXPIRED, age

@@ -1,0 +1,136 @@
+"""What a request asks of the cache: the key deciding which requests share an entry, and the
+request's Cache-Control directives. Pure functions, testable without a server."""
+
+from __future__ import annotations
+
+import hashlib
+import unicodedata
+from operator import itemgetter
+from typing import Any, NamedTuple
+from urllib.parse import parse_qsl
+
+import orjson
+from multidict import CIMultiDict
+
+from policies.cache.config import CacheConfig
+
+_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-subscription-token")
+_CREDENTIAL_FIELD = "api_key"
+_QUERY_FIELDS = frozenset({"query", "q"})
+
+
+class Directives(NamedTuple):
+    """The request's cache directives (RFC 9111 §5.2.1) that this cache honours."""
+
+    no_cache: bool  # skip the fresh hit; still store, still serve stale on failure
+    no_store: bool  # neither read nor write
+
+
+_NO_DIRECTIVES = Directives(no_cache=False, no_store=False)
+
+
+def request_directives(headers: CIMultiDict[str]) -> Directives:
+    """Read Cache-Control (and Pragma when Cache-Control is absent, RFC 9111 §5.4)."""
+    values = headers.getall("Cache-Control", ())
+    if not values:
+        if "no-cache" in headers.get("Pragma", "").lower():
+            return Directives(no_cache=True, no_store=False)
+        return _NO_DIRECTIVES
+    no_cache = no_store = False
+    for value in values:
+        for item in value.split(","):
+            name, _, arg = item.strip().lower().partition("=")
+            if name == "no-cache" or (name == "max-age" and arg.strip().strip('"') == "0"):
+                no_cache = True
+            elif name == "no-store":
+                no_store = True
+    return Directives(no_cache=no_cache, no_store=no_store)
+
+
+def _text(value: str, field: str | None) -> str:
+    value = unicodedata.normalize("NFC", value)
+    # str.split() without arguments splits on every run of Unicode whitespace and trims.
+    return " ".join(value.split()) if field in _QUERY_FIELDS else value
+
+
+def _canonical(value: Any, field: str | None = None) -> Any:
+    if isinstance(value, str):
+        return _text(value, field)
+    if isinstance(value, dict):
+        return {unicodedata.normalize("NFC", k): _canonical(v, k) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_canonical(v, field) for v in value]
+    return value
+
+
+def _body_part(body: bytes, ignored: tuple[str, ...]) -> tuple[bytes, list[str]]:
+    """The body as it counts for the key, and the credentials taken out of it."""
+    if not body:
+        return b"", []
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return b"r" + body, []
+    data = _canonical(data)
+    credentials: list[str] = []
+    if isinstance(data, dict):
+        for name in ignored:
+            data.pop(name, None)
+        if _CREDENTIAL_FIELD in data:
+            value = data.pop(_CREDENTIAL_FIELD)
+            credentials.append(value if isinstance(value, str) else orjson.dumps(value).decode())
+    return b"j" + orjson.dumps(data, option=orjson.OPT_SORT_KEYS), credentials
+
+
+def _query_part(query_string: str) -> tuple[list[tuple[str, str]], list[str]]:
+    """Sorted query parameters, and the credentials taken out of them."""
+    if not query_string:
+        return [], []
+    try:
+        pairs = parse_qsl(query_string, keep_blank_values=True, errors="strict")
+    except UnicodeDecodeError:
+        # Decoding with replacement would map different byte strings to one key.
+        return [("", query_string)], []
+    params: list[tuple[str, str]] = []
+    credentials: list[str] = []
+    for name, value in pairs:
+        if name == _CREDENTIAL_FIELD:
+            credentials.append(value)
+        else:
+            params.append((unicodedata.normalize("NFC", name), _text(value, name)))
+    # A stable sort keeps repeated parameters in their order, which may carry meaning.
+    params.sort(key=itemgetter(0))
+    return params, credentials
+
+
+def cache_key(
+    route: str,
+    method: str,
+    path: str,
+    query_string: str,
+    body: bytes,
+    headers: CIMultiDict[str],
+    cfg: CacheConfig,
+    client: str = "",
+) -> str:
+    """`<route>:<sha256 hex>` over method, path, sorted query, canonical body and, unless
+    `cfg.shared`, the caller's credentials (headers, `api_key` in body or query, `client`).
+
+    JSON bodies count with sorted keys, Unicode NFC and whitespace runs collapsed in `query`/`q`
+    fields; `cfg.ignore_body_fields` and `api_key` are dropped from the top-level object. Any
+    other body counts byte for byte.
+    """
+    params, query_credentials = _query_part(query_string)
+    body_part, body_credentials = _body_part(body, cfg.ignore_body_fields)
+    material: list[Any] = [method.upper(), path, params]
+    if not cfg.shared:
+        material.append(
+            [f"{h}={v}" for h in _CREDENTIAL_HEADERS for v in headers.getall(h, ())]
+            + [f"api_key={v}" for v in (*query_credentials, *body_credentials)]
+            + [f"client={client}"]
+        )
+    # orjson escapes control characters, so the NUL cannot occur inside the JSON before it.
+    digest = hashlib.sha256(orjson.dumps(material))
+    digest.update(b"\x00")
+    digest.update(body_part)
+    return f"{route}:{digest.hexdigest()}"

@@ -1,0 +1,264 @@
+"""Where cache entries live: an in-process LRU, Redis shared by the replicas, or both as two
+tiers, chosen once by `build_store`. Stores only move bytes; the policy decides."""
+
+from __future__ import annotations
+
+import math
+from collections import OrderedDict
+from functools import partial
+from typing import Any, NamedTuple, Protocol
+
+import structlog
+
+from policies.cache.config import CacheConfig
+from policies.cache.entry import Entry
+from policies.cache.lock import LockState, LockStore, Poll
+from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.redislink import UNAVAILABLE, RedisLink
+
+log = structlog.get_logger("search_proxy.cache")
+
+
+class Cleared(NamedTuple):
+    """Entries removed by `clear`: in this process, and in Redis (None: not reachable)."""
+
+    local: int
+    shared: int | None
+
+
+class CacheStore(LockStore, Protocol):
+    """Where entries live, and the fetch locks (`LockStore`); stores only move bytes, the policy
+    decides."""
+
+    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
+        """The newest entry for `key`; a later tier is asked only when the first tier's
+        entry was not stored after `fresh_after` (wall seconds)."""
+        ...
+
+    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+        """Keep `entry` until stored_at + ttl + stale_ttl; `unlock` also releases the lock."""
+        ...
+
+    async def clear(self, route: str) -> Cleared:
+        """Remove every entry of `route`."""
+        ...
+
+
+class MemoryStore:
+    """The in-process tier: an LRU bounded by entry count and by bytes."""
+
+    def __init__(self, retain: float, max_entries: int, max_bytes: int, clock: Clock) -> None:
+        self.retain = retain
+        self.max_entries = max_entries
+        self.max_bytes = max_bytes
+        self.clock = clock
+        self._entries: OrderedDict[str, tuple[Entry, int]] = OrderedDict()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held, as counted against `max_bytes`."""
+        return self._bytes
+
+    def peek(self, key: str) -> Entry | None:
+        """The entry for `key` unless past retention; marks it recently used."""
+        slot = self._entries.get(key)
+        if slot is None:
+            return None
+        if slot[0].stored_at + self.retain <= self.clock.wall():
+            self._remove(key)
+            return None
+        self._entries.move_to_end(key)
+        return slot[0]
+
+    def keep(self, key: str, entry: Entry) -> None:
+        """Store `entry`, evicting the least recently used until both bounds hold."""
+        size = entry.size
+        if key in self._entries:
+            self._remove(key)
+        if size > self.max_bytes or entry.stored_at + self.retain <= self.clock.wall():
+            return
+        self._entries[key] = (entry, size)
+        self._bytes += size
+        while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
+            _, (_, evicted) = self._entries.popitem(last=False)
+            self._bytes -= evicted
+
+    def _remove(self, key: str) -> None:
+        _, size = self._entries.pop(key)
+        self._bytes -= size
+
+    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
+        return self.peek(key)
+
+    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+        self.keep(key, entry)
+
+    async def lock(self, key: str, ttl: float) -> LockState:
+        # One process: the policy's in-flight map already makes one fetch per key.
+        return LockState.ABSENT
+
+    async def poll(self, key: str) -> Poll:
+        return Poll(self.peek(key), held=False)
+
+    async def unlock(self, key: str) -> None:
+        pass
+
+    async def clear(self, route: str) -> Cleared:
+        prefix = route + ":"
+        doomed = [k for k in self._entries if k.startswith(prefix)]
+        for key in doomed:
+            self._remove(key)
+        return Cleared(local=len(doomed), shared=None)
+
+
+class RedisStore:
+    """The shared tier. Entries at `<prefix>:cache:<route>:<sha256>` (SET PX ttl+stale_ttl),
+    fetch locks at `<prefix>:cache-lock:<route>:<sha256>` (SET NX PX). Redis down = a miss."""
+
+    def __init__(self, link: RedisLink, retain: float, clock: Clock) -> None:
+        self.link = link
+        self.retain = retain
+        self.clock = clock
+
+    def entry_key(self, key: str) -> str:
+        """The Redis key holding the entry for cache key `key`."""
+        return self.link.key("cache", key)
+
+    def lock_key(self, key: str) -> str:
+        """The Redis key of the fetch lock for cache key `key`."""
+        return self.link.key("cache-lock", key)
+
+    def _decode(self, raw: Any) -> Entry | None:
+        if raw is None or raw is UNAVAILABLE:
+            return None
+        try:
+            return Entry.from_bytes(raw)
+        except ValueError as exc:
+            log.warning("cache_entry_unreadable", detail=str(exc)[:200])
+            return None
+
+    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
+        name = self.entry_key(key)
+        return self._decode(await self.link.run(lambda r: r.get(name)))
+
+    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+        px = math.ceil((entry.stored_at + self.retain - self.clock.wall()) * 1000)
+        if px <= 0:
+            if unlock:
+                await self.unlock(key)
+            return
+        name, data, lock = self.entry_key(key), entry.to_bytes(), self.lock_key(key)
+
+        async def store(r: Any) -> Any:
+            if not unlock:
+                return await r.set(name, data, px=px)
+            # The entry is written before the lock goes, so a waiting replica that sees the
+            # lock gone also sees the entry. Deleting without an owner check is safe because
+            # the lock outlives the leader's deadline (see FetchLock.acquire).
+            async with r.pipeline(transaction=False) as pipe:
+                pipe.set(name, data, px=px)
+                pipe.delete(lock)
+                return await pipe.execute()
+
+        await self.link.run(store)
+
+    async def lock(self, key: str, ttl: float) -> LockState:
+        name, px = self.lock_key(key), max(1, math.ceil(ttl * 1000))
+        got = await self.link.run(lambda r: r.set(name, b"1", nx=True, px=px))
+        if got is UNAVAILABLE:
+            return LockState.ABSENT
+        return LockState.ACQUIRED if got else LockState.HELD
+
+    async def poll(self, key: str) -> Poll:
+        name, lock = self.entry_key(key), self.lock_key(key)
+
+        async def look(r: Any) -> Any:
+            async with r.pipeline(transaction=False) as pipe:
+                pipe.get(name)
+                pipe.exists(lock)
+                return await pipe.execute()
+
+        found = await self.link.run(look)
+        if found is UNAVAILABLE:
+            return Poll(None, held=False)
+        return Poll(self._decode(found[0]), held=bool(found[1]))
+
+    async def unlock(self, key: str) -> None:
+        name = self.lock_key(key)
+        await self.link.run(lambda r: r.delete(name))
+
+    async def clear(self, route: str) -> Cleared:
+        # Route names are [a-z0-9_-], so the pattern has no glob characters but the last.
+        pattern = self.link.key("cache", route) + ":*"
+
+        async def scan(r: Any, cursor: int) -> Any:
+            return await r.scan(cursor, match=pattern, count=500)
+
+        async def unlink(r: Any, names: list[bytes]) -> Any:
+            return await r.unlink(*names)
+
+        cursor, removed = 0, 0
+        while True:
+            page = await self.link.run(partial(scan, cursor=cursor))
+            if page is UNAVAILABLE:
+                return Cleared(local=0, shared=None)
+            cursor, names = page
+            if names:
+                n = await self.link.run(partial(unlink, names=names))
+                if n is UNAVAILABLE:
+                    return Cleared(local=0, shared=None)
+                removed += n
+            if cursor == 0:
+                return Cleared(local=0, shared=removed)
+
+
+class TieredStore:
+    """The in-process LRU in front of Redis: always read and written; Redis when it answers."""
+
+    def __init__(self, local: MemoryStore, shared: RedisStore) -> None:
+        self.local = local
+        self.shared = shared
+
+    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
+        entry = self.local.peek(key)
+        if entry is not None and entry.stored_at > fresh_after:
+            return entry
+        remote = await self.shared.get(key)
+        if remote is not None and (entry is None or remote.stored_at > entry.stored_at):
+            self.local.keep(key, remote)
+            return remote
+        return entry
+
+    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+        self.local.keep(key, entry)
+        await self.shared.put(key, entry, unlock=unlock)
+
+    async def lock(self, key: str, ttl: float) -> LockState:
+        return await self.shared.lock(key, ttl)
+
+    async def poll(self, key: str) -> Poll:
+        found = await self.shared.poll(key)
+        if found.entry is not None:
+            self.local.keep(key, found.entry)
+        return found
+
+    async def unlock(self, key: str) -> None:
+        await self.shared.unlock(key)
+
+    async def clear(self, route: str) -> Cleared:
+        local = await self.local.clear(route)
+        shared = await self.shared.clear(route)
+        return Cleared(local=local.local, shared=shared.shared)
+
+
+def build_store(
+    cfg: CacheConfig, link: RedisLink | None, clock: Clock = SYSTEM_CLOCK
+) -> CacheStore:
+    """One route's store: the in-process LRU, in front of Redis when a link is configured."""
+    retain = cfg.ttl + cfg.stale_ttl
+    local = MemoryStore(retain, cfg.max_entries, cfg.max_bytes, clock)
+    return local if link is None else TieredStore(local, RedisStore(link, retain, clock))
