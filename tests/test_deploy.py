@@ -47,8 +47,8 @@ from proxy import cli
 from proxy.app import STATE
 from proxy.config import load_config, parse_duration
 from proxy.metrics import BREAKER_STATES, STATUS_CLASSES
+from testkit.fakevendor import Fault
 from tests.conftest import route
-from tests.fakevendor import Fault
 
 REPO = Path(__file__).resolve().parent.parent
 DEPLOY = REPO / "deploy"
@@ -983,6 +983,13 @@ def test_build_context_installs_the_package(tmp_path: Path) -> None:
     (wheel,) = out.glob("search_proxy-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "proxy/cli.py" in names and "policies/__init__.py" in names
+    # Every module of the source tree, subpackages included, is in the wheel.
+    sources = {
+        str(path.relative_to(REPO))
+        for package in ("proxy", "policies")
+        for path in (REPO / package).rglob("*.py")
+    }
+    assert sources <= set(names), sorted(sources - set(names))
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
     assert "search-proxy = proxy.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
 
