@@ -1,7 +1,7 @@
 """Search-aware policies: classify answers by vendor profile, guard the vendor from malformed or
 looping requests, and recover from empty results by retrying simpler queries.
 
-Queries are found and rewritten by the route's `VendorProfile` (policies/profiles.py) and made
+Queries are found and rewritten by the route's `VendorProfile` (policies/profiles/) and made
 simpler by `simplify_query` (policies/simplify.py); the vendor's body is never changed, so SDKs
 parse it as before. The query that produced the results is in `X-Search-Query-Used`.
 """

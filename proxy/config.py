@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field, fields, is_dataclass
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
@@ -21,7 +21,13 @@ import yaml
 from policies.breaker import BreakerConfig
 from policies.cache import CacheConfig
 from policies.core.outcome import RETRY_CONDITIONS, Outcome
-from policies.profiles import BUILTIN_PROFILES, VendorProfile, profile_from_mapping
+from policies.profiles import (
+    BUILTIN_PROFILES,
+    QUERY_KINDS,
+    ProfileError,
+    QueryLocation,
+    VendorProfile,
+)
 from policies.ratelimit import RateLimitConfig
 from policies.retry import BackoffConfig, BudgetConfig, RetryAfterConfig, RetryConfig
 from policies.search import SearchConfig
@@ -536,6 +542,188 @@ def _search_api(raw: Any, path: str) -> SearchApiConfig:
 
 
 # ---------------------------------------------------------------------------------------------
+# Vendor profiles
+
+
+def _optional(parse: Callable[[Any, str], T]) -> Callable[[Any, str], T | None]:
+    """`parse`, but null is accepted too: it clears a value the extended profile set."""
+    return lambda value, path: None if value is None else parse(value, path)
+
+
+def _dotted(value: Any, path: str, *, allow_body: bool) -> tuple[str, ...]:
+    """`data.items` as keys; `""` (the body itself) only where `allow_body`."""
+    keys = tuple(value.split(".")) if isinstance(value, str) and value else ()
+    if not isinstance(value, str) or "" in keys or not (keys or allow_body):
+        raise ConfigError(path, f"expected a dotted path, got {value!r}")
+    return keys
+
+
+def _dotted_list(value: Any, path: str, *, allow_body: bool) -> tuple[tuple[str, ...], ...]:
+    if not isinstance(value, list):
+        return (_dotted(value, path, allow_body=allow_body),)
+    if not value:
+        raise ConfigError(path, "expected a dotted path or a list of them, got []")
+    return tuple(_dotted(v, f"{path}[{i}]", allow_body=allow_body) for i, v in enumerate(value))
+
+
+def _field_names(value: Any, path: str) -> tuple[str, ...]:
+    if isinstance(value, str):
+        return (_str(value, path),)
+    if not isinstance(value, list) or not value:
+        raise ConfigError(path, f"expected a field name or a list of them, got {value!r}")
+    return _str_list(value, path)
+
+
+def _status(value: Any, path: str) -> int:
+    # YAML reads the key of `{404: [...]}` as an int but of `{"404": [...]}` as a string.
+    if isinstance(value, str) and value.strip().isdigit():
+        value = int(value)
+    if not isinstance(value, int) or isinstance(value, bool) or not 100 <= value <= 599:
+        raise ConfigError(path, f"expected an HTTP status code (100-599), got {value!r}")
+    return value
+
+
+def _statuses(value: Any, path: str) -> frozenset[int]:
+    if not isinstance(value, list):
+        raise ConfigError(path, f"expected a list of status codes, got {value!r}")
+    return frozenset(_status(s, f"{path}[{i}]") for i, s in enumerate(value))
+
+
+def _codes_by_status(value: Any, path: str) -> dict[int, frozenset[str]]:
+    if not isinstance(value, dict):
+        raise ConfigError(
+            path, f"expected a mapping of status code to a list of body codes, got {value!r}"
+        )
+    out: dict[int, frozenset[str]] = {}
+    for raw_status, codes in value.items():
+        where = _join(path, str(raw_status))
+        status = _status(raw_status, where)
+        out[status] = frozenset(_str_list([codes] if isinstance(codes, str) else codes, where))
+    return out
+
+
+def _query_locations(value: Any, path: str) -> tuple[QueryLocation, ...]:
+    if not isinstance(value, list) or not value:
+        raise ConfigError(
+            path, f"expected a list of {{json|query|form|path: field}} mappings, got {value!r}"
+        )
+    locations = []
+    for i, item in enumerate(value):
+        where = f"{path}[{i}]"
+        if not isinstance(item, dict) or len(item) != 1:
+            raise ConfigError(
+                where, f"expected one of json, query, form, path mapped to a field, got {item!r}"
+            )
+        ((kind, name),) = item.items()
+        where = _join(where, str(kind))
+        if kind not in QUERY_KINDS:
+            raise ConfigError(where, "unknown location kind (json, query, form, path)")
+        name = _str(name, where)
+        try:
+            locations.append(QueryLocation(kind, name))
+        except ValueError as exc:  # the location's own rules, e.g. a path prefix ends in /
+            raise ConfigError(where, str(exc)) from None
+    return tuple(locations)
+
+
+def _search_method(value: Any, path: str) -> str:
+    if not isinstance(value, str) or value.upper() not in ("GET", "POST"):
+        raise ConfigError(path, f"expected GET or POST, got {value!r}")
+    return value.upper()
+
+
+def _search_path(value: Any, path: str) -> str:
+    if not isinstance(value, str) or not value.startswith("/"):
+        raise ConfigError(path, f"expected a path starting with '/', got {value!r}")
+    return value
+
+
+def _str_keyed(value: Any, path: str) -> dict[str, Any]:
+    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
+        raise ConfigError(path, f"expected a mapping with string keys, got {value!r}")
+    return dict(value)
+
+
+def _str_values(value: Any, path: str) -> dict[str, str]:
+    return {k: _str(v, _join(path, k)) for k, v in _str_keyed(value, path).items()}
+
+
+# YAML key -> (VendorProfile field, parser), in the order they are checked.
+_PROFILE_PARSERS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
+    "query": ("query_locations", _query_locations),
+    "results": ("results_paths", lambda v, p: _dotted_list(v, p, allow_body=True)),
+    "url": ("url_fields", _field_names),
+    "title": ("title_fields", _field_names),
+    "snippet": ("snippet_fields", _field_names),
+    "missing_results_is_empty": ("missing_results_is_empty", _bool),
+    "non_json_ok": ("non_json_ok", _bool),
+    "empty_when_body_field": ("empty_when_body_field", _optional(_str)),
+    "empty_status_codes": ("empty_status_codes", _codes_by_status),
+    "terminal_statuses": ("terminal_statuses", _statuses),
+    "terminal_body_codes": ("terminal_body_codes", _codes_by_status),
+    "error_code_paths": ("error_code_paths", lambda v, p: _dotted_list(v, p, allow_body=False)),
+    "ratelimit_headers": ("ratelimit_headers", _bool),
+    "search_method": ("search_method", _search_method),
+    "search_path": ("search_path", _optional(_search_path)),
+    "max_results_field": ("max_results_field", _optional(_str)),
+    "max_results_cap": ("max_results_cap", _optional(lambda v, p: _int(v, p, 1))),
+    "search_extra": ("search_extra", _str_keyed),
+    "search_headers": ("search_headers", _str_values),
+}
+
+
+def _profile(name: str, raw: Any, path: str) -> VendorProfile:
+    """Build a custom vendor profile from its YAML mapping. Accepted keys:
+
+    - ``extends``: a built-in profile name to start from; the other keys override it.
+    - ``query``: list of one-key mappings ``{json|query|form|path: field}``, tried in order
+      (json fields may be dotted; a path location's field is its prefix, e.g. ``/``).
+    - ``results``: dotted path of the result list (``""`` = the body itself), or a list of
+      alternatives tried in order.
+    - ``url``, ``title``, ``snippet``: result field name, or a list of candidates
+      (defaults ``url``, ``title``, ``snippet``).
+    - ``missing_results_is_empty``: bool (default false): an absent list means EMPTY, not MALFORMED.
+    - ``non_json_ok``: bool (default false): a 2xx non-JSON body counts as OK.
+    - ``empty_when_body_field``: top-level field whose presence on a 2xx means EMPTY.
+    - ``empty_status_codes``: ``{status: [body codes]}`` that mean EMPTY.
+    - ``terminal_statuses``: list of statuses that are never worth retrying.
+    - ``terminal_body_codes``: ``{status: [body codes]}`` that are never worth retrying.
+    - ``error_code_paths``: dotted path, or list of them, where the body's error code lives.
+    - ``ratelimit_headers``: bool: the vendor sends X-RateLimit-Remaining / X-RateLimit-Reset.
+    - ``search_method`` (GET or POST, default POST), ``search_path``, ``max_results_field``,
+      ``max_results_cap``, ``search_extra`` (fixed params or body fields), ``search_headers``:
+      how to run a normalised search on this vendor.
+
+    ``query`` and ``results`` are required unless ``extends`` is given.
+    """
+    data = _mapping(raw, path, ("extends", *_PROFILE_PARSERS))
+    kwargs = {
+        attr: parse(data[key], _join(path, key))
+        for key, (attr, parse) in _PROFILE_PARSERS.items()
+        if key in data
+    }
+    base: VendorProfile | None = None
+    if "extends" in data:
+        builtin = _choice(data["extends"], _join(path, "extends"), tuple(sorted(BUILTIN_PROFILES)))
+        base = BUILTIN_PROFILES[builtin]
+    else:
+        for key in ("query", "results"):
+            if key not in data:
+                raise ConfigError(_join(path, key), "required key is missing (or use extends)")
+    try:
+        if base is not None:
+            return replace(base, name=name, **kwargs)
+        return VendorProfile(name=name, **kwargs)
+    except ProfileError as exc:  # a rule across keys, e.g. a GET search needs a query location
+        raise ConfigError(_join(path, exc.key), exc.reason) from None
+
+
+def _profiles(raw: Any, path: str) -> dict[str, VendorProfile]:
+    data = _mapping(raw, path, tuple(raw) if isinstance(raw, dict) else ())
+    return {name: _profile(name, body, _join(path, str(name))) for name, body in data.items()}
+
+
+# ---------------------------------------------------------------------------------------------
 # Whole documents
 
 
@@ -568,14 +756,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         ("server", "redis", "log", "routes", "search_api", "profiles"),
         required=("routes",),
     )
-    profiles: dict[str, VendorProfile] = dict(BUILTIN_PROFILES)
-    for name, body in _mapping(
-        data.get("profiles"), "profiles", tuple(data.get("profiles") or {})
-    ).items():
-        try:
-            profiles[name] = profile_from_mapping(name, body)
-        except ValueError as exc:
-            raise ConfigError(f"profiles.{name}", str(exc)) from None
+    profiles = {**BUILTIN_PROFILES, **_profiles(data.get("profiles"), "profiles")}
 
     routes_raw = data["routes"]
     if not isinstance(routes_raw, dict) or not routes_raw:

@@ -3,8 +3,20 @@ class of mistake."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 
+from policies.profiles import (
+    BUILTIN_PROFILES,
+    SearchRequest,
+    SearchResult,
+    VendorProfile,
+    Verdict,
+    build_search_request,
+    classify,
+    extract_results,
+)
 from proxy.config import (
     ConfigError,
     load_config,
@@ -20,6 +32,10 @@ def minimal(**route):
     body = {"prefix": "/tavily", "upstream": "https://api.tavily.com"}
     body.update(route)
     return {"routes": {"tavily": body}}
+
+
+def j(obj) -> bytes:
+    return json.dumps(obj).encode()
 
 
 def error_of(raw, env=None) -> str:
@@ -149,3 +165,168 @@ def test_redacted_hides_secrets():
     for secret in ("sk-live-1", "hunter2", "tok-123"):
         assert secret not in shown
     assert "plain" in shown
+
+
+# --- custom vendor profiles -----------------------------------------------------------------
+
+
+def profile_of(mapping) -> VendorProfile:
+    return parse_config({**minimal(), "profiles": {"acme": mapping}}, {}).profiles["acme"]
+
+
+def test_profile_builds_a_full_custom_profile() -> None:
+    profile = profile_of(
+        {
+            "query": [{"json": "query"}, {"query": "q"}],
+            "results": "data.items",
+            "url": "link",
+            "title": ["headline", "title"],
+            "snippet": "body",
+            "terminal_statuses": [402, "403"],
+            "terminal_body_codes": {429: ["QUOTA"]},
+            "empty_status_codes": {"404": "NOTHING"},
+            "error_code_paths": ["error.code", "message"],
+            "ratelimit_headers": True,
+            "search_method": "get",
+            "search_path": "/api/search",
+            "max_results_field": "size",
+            "max_results_cap": 50,
+            "search_extra": {"lang": "en", "safe": True},
+            "search_headers": {"Accept": "application/json"},
+        },
+    )
+    body = {"data": {"items": [{"link": "https://x.example/", "headline": "H", "body": "B"}]}}
+    assert extract_results(profile, body) == [SearchResult("H", "https://x.example/", "B")]
+    assert classify(profile, 200, j(body)) is Verdict.OK
+    assert classify(profile, 403, b"") is Verdict.TERMINAL
+    assert classify(profile, 429, j({"error": {"code": "QUOTA"}})) is Verdict.TERMINAL
+    assert classify(profile, 404, j({"message": "NOTHING"})) is Verdict.EMPTY
+    assert classify(profile, 200, j({"data": {}})) is Verdict.MALFORMED
+    assert build_search_request(profile, "q", 80) == SearchRequest(
+        "GET",
+        "/api/search",
+        {"q": "q", "size": "50", "lang": "en", "safe": "true"},
+        None,
+        {"Accept": "application/json"},
+    )
+
+
+def test_profile_extends_a_builtin() -> None:
+    profile = profile_of({"extends": "serper", "terminal_statuses": [400]})
+    assert profile.name == "acme"
+    assert profile.terminal_statuses == frozenset({400})
+    assert profile.query_locations == BUILTIN_PROFILES["serper"].query_locations
+    assert classify(profile, 400, j({"message": "Not enough credits"})) is Verdict.TERMINAL
+
+
+def test_profile_results_empty_string_means_the_body_is_the_list() -> None:
+    profile = profile_of({"query": [{"query": "q"}], "results": ""})
+    body = [{"url": "https://x.example/", "title": "T", "snippet": "S"}]
+    assert classify(profile, 200, j(body)) is Verdict.OK
+    assert classify(profile, 200, b"[]") is Verdict.EMPTY
+    assert extract_results(profile, body) == [SearchResult("T", "https://x.example/", "S")]
+
+
+def test_profile_from_yaml_with_integer_status_keys(tmp_path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(
+        "routes:\n  t:\n    prefix: /t\n    upstream: http://127.0.0.1:1\n"
+        "    search: {vendor: acme}\n"
+        "profiles:\n  acme:\n    extends: linkup\n"
+        "    terminal_body_codes: {429: [OUT_OF_CREDITS], '402': PAY}\n"
+    )
+    profile = load_config(f, env={}).profiles["acme"]
+    assert profile.terminal_body_codes == {
+        429: frozenset({"OUT_OF_CREDITS"}),
+        402: frozenset({"PAY"}),
+    }
+    assert profile.empty_status_codes == BUILTIN_PROFILES["linkup"].empty_status_codes
+
+
+BASE = {"query": [{"json": "q"}], "results": "items"}
+
+
+@pytest.mark.parametrize(
+    ("mapping", "message"),
+    [
+        ({**BASE, "results": 5}, "profiles.acme.results: expected a dotted path, got 5"),
+        ({**BASE, "results": "data..items"}, "profiles.acme.results: expected a dotted path"),
+        ({**BASE, "results": ["a", 3]}, "profiles.acme.results[1]: expected a dotted path"),
+        ({**BASE, "colour": "red"}, "profiles.acme.colour: unknown key"),
+        ({**BASE, "query": "q"}, "profiles.acme.query: expected a list of"),
+        ({**BASE, "query": []}, "profiles.acme.query: expected a list of"),
+        (
+            {**BASE, "query": [{"json": "q"}, {"header": "q"}]},
+            "profiles.acme.query[1].header: unknown location kind",
+        ),
+        (
+            {**BASE, "query": [{"json": "q", "query": "q"}]},
+            "profiles.acme.query[0]: expected one of",
+        ),
+        (
+            {**BASE, "query": [{"path": "search"}]},
+            "profiles.acme.query[0].path: a path location needs a prefix",
+        ),
+        (
+            {**BASE, "query": [{"json": ""}]},
+            "profiles.acme.query[0].json: expected a non-empty string",
+        ),
+        ({**BASE, "url": []}, "profiles.acme.url: expected a field name or a list of them"),
+        ({**BASE, "title": ["ok", 1]}, "profiles.acme.title[1]: expected a non-empty string"),
+        (
+            {**BASE, "terminal_statuses": [402, 99]},
+            "profiles.acme.terminal_statuses[1]: expected an HTTP status",
+        ),
+        (
+            {**BASE, "terminal_statuses": [True]},
+            "profiles.acme.terminal_statuses[0]: expected an HTTP status",
+        ),
+        (
+            {**BASE, "terminal_body_codes": {429: [1]}},
+            "profiles.acme.terminal_body_codes.429[0]: expected a non-empty string",
+        ),
+        (
+            {**BASE, "terminal_body_codes": {"x": ["A"]}},
+            "profiles.acme.terminal_body_codes.x: expected an HTTP status",
+        ),
+        (
+            {**BASE, "empty_status_codes": ["A"]},
+            "profiles.acme.empty_status_codes: expected a mapping",
+        ),
+        (
+            {**BASE, "error_code_paths": [""]},
+            "profiles.acme.error_code_paths[0]: expected a dotted path",
+        ),
+        (
+            {**BASE, "ratelimit_headers": "yes"},
+            "profiles.acme.ratelimit_headers: expected true or false",
+        ),
+        ({**BASE, "search_method": "PUT"}, "profiles.acme.search_method: expected GET or POST"),
+        (
+            {**BASE, "search_path": "search"},
+            "profiles.acme.search_path: expected a path starting with '/'",
+        ),
+        (
+            {**BASE, "search_path": "/s", "search_method": "GET"},
+            "profiles.acme.query: a GET search needs a query location",
+        ),
+        (
+            {**BASE, "max_results_cap": 0},
+            "profiles.acme.max_results_cap: expected a whole number >= 1",
+        ),
+        (
+            {**BASE, "search_headers": {"Accept": 1}},
+            "profiles.acme.search_headers.Accept: expected a non-empty string",
+        ),
+        ({**BASE, "extends": "bing"}, "profiles.acme.extends: expected one of brave, exa,"),
+        ({"results": "items"}, "profiles.acme.query: required"),
+        ({"query": [{"json": "q"}]}, "profiles.acme.results: required"),
+        (["query"], "profiles.acme: expected a mapping"),
+    ],
+)
+def test_profile_errors_name_the_yaml_path(mapping, message: str) -> None:
+    assert error_of({**minimal(), "profiles": {"acme": mapping}}).startswith(message)
+
+
+def test_profiles_section_must_be_a_mapping() -> None:
+    assert error_of({**minimal(), "profiles": 5}) == "profiles: expected a mapping, got int"

@@ -10,11 +10,13 @@ import pytest
 from policies.profiles import (
     BUILTIN_PROFILES,
     Assessment,
+    ProfileError,
     QueryLocation,
     QueryRef,
     RateLimitHint,
     SearchRequest,
     SearchResult,
+    VendorProfile,
     Verdict,
     assess,
     build_search_request,
@@ -22,12 +24,17 @@ from policies.profiles import (
     extract_query,
     extract_results,
     normalize_results,
-    profile_from_mapping,
     ratelimit_hint,
     replace_query,
 )
 
 P = BUILTIN_PROFILES
+
+
+def custom(query: str = "q", **fields: Any) -> VendorProfile:
+    """A custom profile reading the query from JSON field `query` and results from `items`."""
+    fields.setdefault("results_paths", (("items",),))
+    return VendorProfile("acme", (QueryLocation("json", query),), **fields)
 
 
 def j(data: Any) -> bytes:
@@ -170,10 +177,7 @@ def test_serpapi_results_beat_an_error_field() -> None:
 
 
 def test_custom_profile_empty_when_body_field_rescues_a_missing_list() -> None:
-    profile = profile_from_mapping(
-        "acme",
-        {"query": [{"json": "q"}], "results": "items", "empty_when_body_field": "notice"},
-    )
+    profile = custom(empty_when_body_field="notice")
     assert classify(profile, 200, j({"notice": "no results"})) is Verdict.EMPTY
     assert classify(profile, 200, j({"other": 1})) is Verdict.MALFORMED
 
@@ -309,7 +313,7 @@ def test_query_that_is_not_text_is_reported(value: Any) -> None:
 
 
 def test_nested_json_location_in_custom_profile() -> None:
-    profile = profile_from_mapping("acme", {"query": [{"json": "params.q"}], "results": "items"})
+    profile = custom("params.q")
     body = j({"params": {"q": "deep", "lang": "en"}, "id": 1})
     ref = extract_query(profile, path="/", query={}, body=body)
     assert ref == QueryRef(QueryLocation("json", "params.q"), "deep")
@@ -581,124 +585,29 @@ def test_build_search_request_does_not_share_mutable_extras() -> None:
 
 
 def test_build_search_request_needs_a_search_path() -> None:
-    profile = profile_from_mapping("acme", {"query": [{"json": "q"}], "results": "items"})
+    profile = custom()
     with pytest.raises(ValueError, match="acme: the profile has no search_path"):
         build_search_request(profile, "q", 3)
 
 
-# --- custom profiles ------------------------------------------------------------------------
-
-
-def test_profile_from_mapping_builds_a_full_custom_profile() -> None:
-    profile = profile_from_mapping(
-        "acme",
-        {
-            "query": [{"json": "query"}, {"query": "q"}],
-            "results": "data.items",
-            "url": "link",
-            "title": ["headline", "title"],
-            "snippet": "body",
-            "terminal_statuses": [402, "403"],
-            "terminal_body_codes": {429: ["QUOTA"]},
-            "empty_status_codes": {"404": "NOTHING"},
-            "error_code_paths": ["error.code", "message"],
-            "ratelimit_headers": True,
-            "search_method": "get",
-            "search_path": "/api/search",
-            "max_results_field": "size",
-            "max_results_cap": 50,
-            "search_extra": {"lang": "en", "safe": True},
-            "search_headers": {"Accept": "application/json"},
-        },
-    )
-    body = {"data": {"items": [{"link": "https://x.example/", "headline": "H", "body": "B"}]}}
-    assert extract_results(profile, body) == [SearchResult("H", "https://x.example/", "B")]
-    assert classify(profile, 200, j(body)) is Verdict.OK
-    assert classify(profile, 403, b"") is Verdict.TERMINAL
-    assert classify(profile, 429, j({"error": {"code": "QUOTA"}})) is Verdict.TERMINAL
-    assert classify(profile, 404, j({"message": "NOTHING"})) is Verdict.EMPTY
-    assert classify(profile, 200, j({"data": {}})) is Verdict.MALFORMED
-    assert build_search_request(profile, "q", 80) == SearchRequest(
-        "GET",
-        "/api/search",
-        {"q": "q", "size": "50", "lang": "en", "safe": "true"},
-        None,
-        {"Accept": "application/json"},
-    )
-
-
-def test_profile_from_mapping_extends_a_builtin() -> None:
-    profile = profile_from_mapping("serper-eu", {"extends": "serper", "terminal_statuses": [400]})
-    assert profile.name == "serper-eu"
-    assert profile.terminal_statuses == frozenset({400})
-    assert profile.query_locations == P["serper"].query_locations
-    assert classify(profile, 400, j({"message": "Not enough credits"})) is Verdict.TERMINAL
-
-
-def test_results_empty_string_means_the_body_is_the_list() -> None:
-    profile = profile_from_mapping("acme", {"query": [{"query": "q"}], "results": ""})
-    body = [{"url": "https://x.example/", "title": "T", "snippet": "S"}]
-    assert classify(profile, 200, j(body)) is Verdict.OK
-    assert classify(profile, 200, b"[]") is Verdict.EMPTY
-    assert extract_results(profile, body) == [SearchResult("T", "https://x.example/", "S")]
-
-
-BASE = {"query": [{"json": "q"}], "results": "items"}
+# --- the profile's own rules ----------------------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    ("mapping", "message"),
+    ("fields", "key"),
     [
-        ({**BASE, "results": 5}, "results: expected a dotted path string"),
-        ({**BASE, "results": "data..items"}, "results: expected a dotted path string"),
-        ({**BASE, "results": ["a", 3]}, "results[1]: expected a dotted path string"),
-        ({**BASE, "colour": "red"}, "colour: unknown key"),
-        ({**BASE, "query": "q"}, "query: expected a list of"),
-        ({**BASE, "query": []}, "query: expected a list of"),
-        (
-            {**BASE, "query": [{"json": "q"}, {"header": "q"}]},
-            "query[1].header: unknown location kind",
-        ),
-        ({**BASE, "query": [{"json": "q", "query": "q"}]}, "query[0]: expected one of"),
-        ({**BASE, "query": [{"path": "search"}]}, "query[0].path: a path location needs a prefix"),
-        ({**BASE, "query": [{"json": ""}]}, "query[0].json: expected a string"),
-        ({**BASE, "url": []}, "url: expected a field name or a list of them"),
-        ({**BASE, "title": ["ok", 1]}, "title[1]: expected a field name"),
-        ({**BASE, "terminal_statuses": [402, 99]}, "terminal_statuses[1]: expected an HTTP status"),
-        ({**BASE, "terminal_statuses": [True]}, "terminal_statuses[0]: expected an HTTP status"),
-        (
-            {**BASE, "terminal_body_codes": {429: [1]}},
-            "terminal_body_codes.429[0]: expected a body code",
-        ),
-        (
-            {**BASE, "terminal_body_codes": {"x": ["A"]}},
-            "terminal_body_codes.x: expected an HTTP status",
-        ),
-        ({**BASE, "empty_status_codes": ["A"]}, "empty_status_codes: expected a mapping"),
-        ({**BASE, "error_code_paths": [""]}, "error_code_paths[0]: expected a dotted path"),
-        ({**BASE, "ratelimit_headers": "yes"}, "ratelimit_headers: expected true or false"),
-        ({**BASE, "search_method": "PUT"}, "search_method: expected GET or POST"),
-        ({**BASE, "search_path": "search"}, "search_path: expected a path starting with '/'"),
-        (
-            {**BASE, "search_path": "/s", "search_method": "GET"},
-            "query: a GET search needs a query location",
-        ),
-        ({**BASE, "max_results_cap": 0}, "max_results_cap: expected a positive integer"),
-        ({**BASE, "search_headers": {"Accept": 1}}, "search_headers.Accept: expected a string"),
-        ({**BASE, "extends": "bing"}, "extends: expected a built-in profile name"),
-        ({"results": "items"}, "query: required"),
-        ({"query": [{"json": "q"}]}, "results: required"),
+        ({"results_paths": ()}, "results"),
+        ({"search_method": "PUT"}, "search_method"),
+        ({"search_path": "search"}, "search_path"),
+        ({"search_path": "/s", "search_method": "GET"}, "query"),
+        ({"max_results_cap": 0}, "max_results_cap"),
     ],
 )
-def test_profile_from_mapping_errors_name_the_key(mapping: dict[str, Any], message: str) -> None:
-    with pytest.raises(ValueError) as excinfo:
-        profile_from_mapping("acme", mapping)
-    assert str(excinfo.value).startswith(message)
-
-
-def test_profile_from_mapping_rejects_a_non_mapping() -> None:
-    with pytest.raises(ValueError, match="expected a mapping"):
-        profile_from_mapping("acme", ["query"])  # type: ignore[arg-type]
+def test_inconsistent_profile_names_the_config_key(fields: dict[str, Any], key: str) -> None:
+    with pytest.raises(ProfileError) as excinfo:
+        custom(**fields)
+    assert excinfo.value.key == key
+    assert str(excinfo.value) == f"{key}: {excinfo.value.reason}"
 
 
 def test_profiles_are_frozen_and_hashable() -> None:

@@ -1,0 +1,163 @@
+"""Finding a request's query, rewriting it in place, and building a normalised search request."""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Mapping
+from typing import Any
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus
+
+from policies.profiles.model import (
+    _MISSING,
+    QueryLocation,
+    QueryRef,
+    SearchRequest,
+    VendorProfile,
+    _dig,
+    _first_location,
+    _load_json,
+)
+
+
+def _ref(location: QueryLocation, value: Any) -> QueryRef:
+    if isinstance(value, str):
+        return QueryRef(location, value)
+    return QueryRef(location, "", is_text=False)
+
+
+def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
+    try:
+        return parse_qsl(body.decode("utf-8"), keep_blank_values=True)
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
+def extract_query(
+    profile: VendorProfile, *, path: str, query: Mapping[str, str], body: bytes
+) -> QueryRef | None:
+    """Find the request's query text; None when no location of the profile holds one.
+
+    `path` is the upstream path as sent (percent-encoded), `query` the parsed query string.
+    Junk bodies never raise: a location that cannot be read counts as absent, and a query
+    that is present but not a string comes back with ``is_text=False``.
+    """
+    parsed: Any = _MISSING
+    form: list[tuple[str, str]] | None = None
+    for loc in profile.query_locations:
+        if loc.kind == "json":
+            if parsed is _MISSING:
+                parsed = _load_json(body)
+            value = _dig(parsed, loc.keys) if isinstance(parsed, dict) else _MISSING
+            if value is not _MISSING:
+                return _ref(loc, value)
+        elif loc.kind == "query":
+            if loc.field in query:
+                return _ref(loc, query[loc.field])
+        elif loc.kind == "form":
+            if form is None:
+                form = _form_pairs(body) or []
+            for key, value in form:
+                if key == loc.field:
+                    return _ref(loc, value)
+        else:
+            rest = path[len(loc.field) :] if path.startswith(loc.field) else ""
+            # A slash after the prefix means some other endpoint, not an encoded query.
+            if rest and "/" not in rest:
+                return QueryRef(loc, unquote(rest))
+    return None
+
+
+def _replace_pairs(encoded: str, key: str, value: str) -> str:
+    """Set `key` in a urlencoded string, leaving every other pair byte for byte as it was."""
+    pairs = encoded.split("&") if encoded else []
+    new_pair = f"{quote(key, safe='')}={quote(value, safe='')}"
+    out: list[str] = []
+    replaced = False
+    for pair in pairs:
+        if unquote_plus(pair.split("=", 1)[0]) == key:
+            out.append(new_pair)
+            replaced = True
+        else:
+            out.append(pair)
+    if not replaced:
+        out.append(new_pair)
+    return "&".join(out)
+
+
+def replace_query(
+    profile: VendorProfile,
+    ref: QueryRef,
+    new_query: str,
+    *,
+    path: str,
+    query_string: str,
+    body: bytes,
+) -> tuple[str, str, bytes]:
+    """Return (path, query_string, body) with the query at `ref` replaced and nothing else changed.
+
+    JSON bodies keep their other fields and key order (re-serialised compactly, UTF-8 kept).
+    Raises ValueError when `ref` is not one of the profile's locations or no longer fits.
+    """
+    loc = ref.location
+    if loc not in profile.query_locations:
+        raise ValueError(f"{loc.kind} {loc.field!r} is not a query location of {profile.name}")
+    if loc.kind == "json":
+        data = _load_json(body)
+        if not isinstance(data, dict):
+            raise ValueError("the body is not a JSON object")
+        target = data
+        for key in loc.keys[:-1]:
+            target = target.setdefault(key, {})
+            if not isinstance(target, dict):
+                raise ValueError(f"{loc.field}: {key!r} is not an object")
+        target[loc.keys[-1]] = new_query
+        new_body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
+        return path, query_string, new_body.encode("utf-8")
+    if loc.kind == "query":
+        return path, _replace_pairs(query_string, loc.field, new_query), body
+    if loc.kind == "form":
+        try:
+            text = body.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ValueError("the form body is not UTF-8") from None
+        return path, query_string, _replace_pairs(text, loc.field, new_query).encode("utf-8")
+    if not path.startswith(loc.field):
+        raise ValueError(f"path {path!r} does not start with {loc.field!r}")
+    return loc.field + quote(new_query, safe=""), query_string, body
+
+
+def build_search_request(profile: VendorProfile, query: str, max_results: int) -> SearchRequest:
+    """The request for a normalised search on this vendor, capped at its max_results limit."""
+    if profile.search_path is None:
+        raise ValueError(f"{profile.name}: the profile has no search_path")
+    count = max(1, max_results)
+    if profile.max_results_cap is not None:
+        count = min(count, profile.max_results_cap)
+    headers = dict(profile.search_headers)
+    if profile.search_method == "GET":
+        loc = _first_location(profile, "query")
+        assert loc is not None  # checked when the profile was built
+        params = {loc.field: query}
+        if profile.max_results_field:
+            params[profile.max_results_field] = str(count)
+        params.update({k: _param(v) for k, v in profile.search_extra.items()})
+        return SearchRequest("GET", profile.search_path, params, None, headers)
+    loc = _first_location(profile, "json")
+    assert loc is not None
+    body: dict[str, Any] = {}
+    target = body
+    for key in loc.keys[:-1]:
+        target = target.setdefault(key, {})
+    target[loc.keys[-1]] = query
+    if profile.max_results_field:
+        body[profile.max_results_field] = count
+    for key, value in profile.search_extra.items():
+        body[key] = copy.deepcopy(value)
+    return SearchRequest("POST", profile.search_path, {}, body, headers)
+
+
+def _param(value: Any) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return str(value)
