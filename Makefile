@@ -1,4 +1,5 @@
-# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite.
+# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite
+# (`make test TIER=unit`: one tier, unit|integration|e2e|deploy, see tests/conftest.py).
 PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
@@ -6,14 +7,20 @@ SUM    := $(shell cksum pyproject.toml | cut -d' ' -f1)
 RUN_STAMP  := $(VENV)/.run-$(SUM)
 TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
+TIER   ?=
 
 .PHONY: run test lint format bench venv redis-server deploy-tools check-config clean
 
+# `make run PORT=9000 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST and PORT override the
+# config's server section. `:=` ignores a PORT or HOST in the environment; the command line wins.
+HOST :=
+PORT :=
 run: $(RUN_STAMP)
-	$(BIN)/search-proxy --config $(CONFIG)
+	$(BIN)/search-proxy --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
 
-test: $(TEST_STAMP) redis-server deploy-tools
-	$(BIN)/pytest -q $(PYTEST_ARGS)
+# Only the deploy tier (or the whole suite) needs promtool and docker-compose.
+test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools)
+	$(BIN)/pytest -q $(if $(TIER),-m $(TIER)) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
 	$(BIN)/ruff check .

@@ -18,8 +18,9 @@ import traceback
 from collections.abc import Callable
 
 from bench import core, resilience, retries, search
-from bench.procs import Pinning, detect_pinning, stop_all
+from bench.procs import Pinning, detect_pinning
 from bench.report import Scenario
+from testkit.procs import stop_all
 
 # A group runs its scenarios and hands each one, as soon as it is done, to the callback.
 GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {

@@ -21,8 +21,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procs import Child, Pinning, bench_upstream, proxy
+from bench.procs import Pinning, bench_upstream, proxy
 from bench.report import Figure, Scenario, at_least, at_most, median, spread
+from testkit.procs import Child
 
 THROUGHPUT_TARGET = 3000.0  # req/s through the proxy, on one core
 ADDED_P50_TARGET_MS = 0.5  # p50 latency the proxy adds at one concurrent client

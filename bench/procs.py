@@ -1,31 +1,26 @@
 """Child processes of the benchmark: the proxy, the fake vendor and the bench upstream.
 
-Every process started here is pinned (when the machine allows it), registered, and stopped by
-`stop()` or, whatever happens, by `stop_all()` at exit. Nothing is killed by name.
+Every process started here is pinned (when the machine allows it) and is a `testkit.procs.Child`:
+registered, and stopped by `stop()` or, whatever happens, by `stop_all()` at exit. Nothing is
+killed by name.
 """
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import os
 import shutil
-import socket
-import subprocess
 import sys
 import tempfile
-import time
-import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
-_RUNNING: list[Child] = []
+from testkit.fakevendor import FakeVendorProcess
+from testkit.procs import Child, free_port
 
 
 @dataclass(frozen=True)
@@ -65,134 +60,29 @@ def detect_pinning() -> Pinning:
     return Pinning(cpus[0], cpus[1])
 
 
-def free_port() -> int:
-    """A loopback port free right now (another process could take it before we bind it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Child:
-    """A started process whose output goes to a temporary log file."""
-
-    def __init__(self, name: str, argv: list[str], *, stdout_pipe: bool = False) -> None:
-        self.name = name
-        self.argv = argv
-        fd, self.log_path = tempfile.mkstemp(prefix=f"bench-{name}-", suffix=".log")
-        self._log = os.fdopen(fd, "wb")
-        self.proc = subprocess.Popen(
-            argv,
-            cwd=ROOT,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE if stdout_pipe else self._log,
-            stderr=self._log,
-        )
-        _RUNNING.append(self)
-
-    @property
-    def pid(self) -> int:
-        return self.proc.pid
-
-    def alive(self) -> bool:
-        return self.proc.poll() is None
-
-    def output_tail(self, lines: int = 15) -> str:
-        """The last lines the process wrote (stderr, and stdout unless piped)."""
-        self._log.flush()
-        try:
-            text = Path(self.log_path).read_text(errors="replace")
-        except OSError:
-            return ""
-        return "\n".join(text.strip().splitlines()[-lines:])
-
-    def cpu_seconds(self) -> float:
-        """User + system CPU time the process has used so far (0.0 once it is gone)."""
-        try:
-            stat = Path(f"/proc/{self.pid}/stat").read_text()
-        except OSError:
-            return 0.0
-        fields = stat.rsplit(")", 1)[1].split()
-        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s; idempotent."""
-        if self.proc.poll() is None:
-            self.proc.terminate()
-            try:
-                self.proc.wait(5)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
-        if self.proc.stdout is not None:
-            self.proc.stdout.close()
-        self._log.close()
-        with contextlib.suppress(OSError):
-            os.unlink(self.log_path)
-        if self in _RUNNING:
-            _RUNNING.remove(self)
-
-
-def stop_all() -> None:
-    """Stop every child still running (at exit, or after an error)."""
-    for child in list(reversed(_RUNNING)):
-        child.stop()
-
-
-atexit.register(stop_all)
-
-
-class StartError(RuntimeError):
-    """A child did not come up; the message carries the end of its output."""
-
-
-def _read_port(child: Child, timeout: float) -> int:
-    """The port a child prints as its first stdout line (fake vendor, bench upstream)."""
-    assert child.proc.stdout is not None
-    deadline = time.monotonic() + timeout
-    os.set_blocking(child.proc.stdout.fileno(), False)
-    buf = b""
-    while time.monotonic() < deadline:
-        chunk = child.proc.stdout.read()
-        if chunk:
-            buf += chunk
-            if b"\n" in buf:
-                line = buf.split(b"\n", 1)[0].strip()
-                if line.isdigit():
-                    return int(line)
-                break
-        if not child.alive():
-            break
-        time.sleep(0.02)
-    out = child.output_tail()
-    child.stop()
-    raise StartError(f"{child.name} did not start: {buf[:200]!r}\n{out}")
-
-
 @contextlib.contextmanager
 def fake_vendor(
     pinning: Pinning, *args: str, port: int = 0, timeout: float = 20.0
 ) -> Iterator[str]:
-    """`python -m tests.fakevendor --port PORT ARGS` on the non-proxy CPU; yields its URL.
+    """`python -m testkit.fakevendor --port PORT ARGS` on the non-proxy CPU; yields its URL.
 
     A given `port` lets a vendor be stopped and started again, in another mode, at the URL a
     running proxy already has (the fake has no runtime control for its modes).
     """
-    argv = [*pinning.prefix(pinning.other_cpu), sys.executable, "-m", "tests.fakevendor"]
-    child = Child("fakevendor", [*argv, "--port", str(port), *args], stdout_pipe=True)
+    vendor = FakeVendorProcess(*args, port=port, wrapper=pinning.prefix(pinning.other_cpu))
     try:
-        port = _read_port(child, timeout)
-        yield f"http://127.0.0.1:{port}"
+        yield vendor.start(timeout).url
     finally:
-        child.stop()
+        vendor.stop()
 
 
 @contextlib.contextmanager
 def bench_upstream(pinning: Pinning, timeout: float = 20.0) -> Iterator[tuple[str, Child]]:
     """`python -m bench.upstream` (the fastest upstream we have) on the non-proxy CPU."""
     argv = [*pinning.prefix(pinning.other_cpu), sys.executable, "-m", "bench.upstream"]
-    child = Child("upstream", [*argv, "--port", "0"], stdout_pipe=True)
+    child = Child("upstream", [*argv, "--port", "0"], pipe_stdout=True)
     try:
-        port = _read_port(child, timeout)
+        port = child.read_port(timeout)
         yield f"http://127.0.0.1:{port}", child
     finally:
         child.stop()
@@ -218,7 +108,7 @@ def proxy(
     """`python -m proxy` on the proxy CPU, ready once /healthz answers; yields (url, child).
 
     At log level warning the proxy prints no "listening" line, so the port is chosen here.
-    Raises StartError with the proxy's own output when it exits or does not answer.
+    Raises testkit.procs.StartError with the proxy's own output when it exits or does not answer.
     """
     port = free_port()
     fd, config_path = tempfile.mkstemp(prefix="bench-proxy-", suffix=".yaml")
@@ -228,23 +118,7 @@ def proxy(
     child = Child("proxy", [*argv, "--config", config_path, "--port", str(port)])
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + timeout
-        while True:
-            if not child.alive():
-                raise StartError(
-                    f"proxy exited with code {child.proc.returncode}: {child.output_tail()}"
-                )
-            try:
-                with urllib.request.urlopen(url + "/healthz", timeout=1) as resp:
-                    if resp.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                raise StartError(
-                    f"proxy did not answer /healthz in {timeout}s: {child.output_tail()}"
-                )
-            time.sleep(0.05)
+        child.wait_http(url + "/healthz", timeout)
         yield url, child
     finally:
         child.stop()

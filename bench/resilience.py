@@ -36,16 +36,15 @@ from bench.client import LoadResult, Outcome, run_load
 from bench.core import _WRK_SCRIPT, WrkRun, _wrk
 from bench.procs import (
     Pinning,
-    StartError,
     bench_upstream,
     fake_vendor,
-    free_port,
     get_json,
     get_text,
     metric_sum,
     proxy,
 )
 from bench.report import Figure, Scenario, at_least, at_most, median, percentile, spread
+from testkit.procs import StartError, free_port
 
 ROUTE = "res"
 CACHE = {"ttl": "1s", "stale_ttl": "1h"}

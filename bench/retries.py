@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bench.client import LoadResult, run_load
-from bench.procs import Pinning, StartError, fake_vendor, get_json, get_text, metric_sum, proxy
+from bench.procs import Pinning, fake_vendor, get_json, get_text, metric_sum, proxy
 from bench.report import Figure, Scenario, at_most, below
+from testkit.procs import StartError
 
 ROUTE = "vendor"
 RETRY = {

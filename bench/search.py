@@ -30,9 +30,10 @@ from typing import Any
 from urllib.parse import unquote
 
 from bench.client import LoadResult, run_load
-from bench.procs import Pinning, StartError, fake_vendor, get_json, get_text, metric_sum, proxy
+from bench.procs import Pinning, fake_vendor, get_json, get_text, metric_sum, proxy
 from bench.report import Figure, Scenario, at_least, at_most, median, percentile
 from policies.simplify import simplify_query
+from testkit.procs import StartError
 
 TIMEOUTS = {"connect": "1s", "per_try": "2s", "total": "10s"}
 BACKOFF = {"initial": "10ms", "max": "50ms"}

@@ -1,4 +1,5 @@
-"""Shared fixtures: a real redis-server for the whole run, and a private one for kill tests."""
+"""Each test module's tier, and shared fixtures: a real redis-server for the whole run, a private
+one for kill tests, the fake vendor and a proxy in front of it."""
 
 from __future__ import annotations
 
@@ -11,8 +12,52 @@ from redis.asyncio import Redis
 from policies.core.redislink import RedisLink
 from proxy.app import build_app
 from proxy.config import parse_config
-from tests.fakevendor import FakeVendor
-from tests.redisserver import RedisServer
+from testkit.fakevendor import FakeVendor
+from testkit.redisserver import RedisServer
+
+# Every test module picks a tier (`make test TIER=unit`, `pytest -m unit`), by what it runs:
+# unit: pure functions and policies on a ManualClock, at most a local redis-server;
+# integration: real aiohttp servers (the proxy app, the fake vendor) in the test's process;
+# e2e: the proxy as a child process, or the vendors' own SDKs against it;
+# deploy: the offline checks of deploy/.
+# A test marked with a tier itself keeps it (one proxy-process test in an integration module).
+TIERS = ("unit", "integration", "e2e", "deploy")
+TIER_OF_MODULE = {
+    "test_admin": "integration",
+    "test_backoff": "unit",
+    "test_breaker": "unit",
+    "test_breaker_e2e": "integration",
+    "test_cache": "unit",
+    "test_cache_e2e": "integration",
+    "test_config": "unit",
+    "test_deploy": "deploy",
+    "test_fakevendor": "integration",
+    "test_process": "e2e",
+    "test_profiles": "unit",
+    "test_proxy_core": "integration",
+    "test_ratelimit": "unit",
+    "test_ratelimit_e2e": "integration",
+    "test_retries": "integration",
+    "test_sdks": "e2e",
+    "test_sdk_errors": "e2e",
+    "test_shipped_config": "e2e",
+    "test_search_e2e": "integration",
+    "test_simplify": "unit",
+}
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects by marker
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark each test with its module's tier; a module missing from TIER_OF_MODULE is an error."""
+    missing = sorted({item.path.stem for item in items} - TIER_OF_MODULE.keys())
+    if missing:
+        raise pytest.UsageError(
+            f"test module(s) without a tier: {', '.join(missing)}; add each to TIER_OF_MODULE "
+            f"in tests/conftest.py as one of {', '.join(TIERS)}"
+        )
+    for item in items:
+        if not any(item.get_closest_marker(tier) for tier in TIERS):
+            item.add_marker(TIER_OF_MODULE[item.path.stem])
 
 
 @pytest.fixture(scope="session")

@@ -3,8 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 
 import pytest
@@ -26,7 +25,8 @@ from policies.core.errors import (
 from policies.core.events import NullEvents
 from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
-from tests.redisserver import RedisServer
+from testkit.redisserver import RedisServer
+from testkit.waiting import eventually
 
 ROUTE = "tavily"
 CONFIG = BreakerConfig(fail_max=5, reset_timeout=30.0, success_threshold=1, half_open_probes=1)
@@ -316,16 +316,6 @@ def test_snapshot_wire_format_round_trips_and_rejects_garbage() -> None:
 # -- replicas sharing Redis --------------------------------------------------------------------
 
 
-async def eventually(predicate: Callable[[], bool], within: float) -> float:
-    """Poll `predicate` until true; returns the seconds it took (fails after `within`)."""
-    start = time.monotonic()
-    while not predicate():
-        if time.monotonic() - start > within:
-            raise AssertionError(f"condition not met within {within}s")
-        await asyncio.sleep(0.01)
-    return time.monotonic() - start
-
-
 @dataclass
 class Replicas:
     """Two breakers for one route in two "processes": each with its own RedisLink."""
@@ -366,8 +356,7 @@ async def test_trip_in_one_replica_is_seen_by_the_other_within_a_second(
     a, b = replicas.a, replicas.b
     upstream = Upstream()
     await fail(a, upstream, CONFIG.fail_max)
-    took = await eventually(lambda: b.state == "open", within=1.0)
-    assert took < 1.0
+    await eventually(lambda: b.state == "open", within=1.0)
     assert replicas.b_events.transitions == ["open"]
     calls = upstream.calls
     error = await refused(b, upstream)
@@ -426,8 +415,7 @@ async def test_periodic_read_repairs_a_lost_message(redis_server: RedisServer) -
                 "origin": "elsewhere",
             },
         )
-        took = await eventually(lambda: breaker.state == "open", within=1.5)
-        assert took <= 1.1
+        await eventually(lambda: breaker.state == "open", within=1.1)  # read every 1 s
         assert events.transitions == ["open"]
         assert breaker.seconds_until_half_open() == pytest.approx(CONFIG.reset_timeout - 10.0)
         error = await refused(breaker, Upstream())
@@ -476,25 +464,20 @@ async def test_redis_down_each_replica_works_alone_then_rejoins(
 
     killable_redis.stop()
     await eventually(lambda: not any(link.up for link in fast_replicas.links), within=1.0)
-    slowest = 0.0
     for _ in range(CONFIG.fail_max):
-        started = time.monotonic()
-        await fail(a, upstream, 1)
-        slowest = max(slowest, time.monotonic() - started)
+        async with asyncio.timeout(0.2):  # a dead Redis must not stall a call
+            await fail(a, upstream, 1)
     assert a.state == "open"
     for _ in range(3):
-        started = time.monotonic()
-        await answer(b, upstream)
-        slowest = max(slowest, time.monotonic() - started)
+        async with asyncio.timeout(0.2):
+            await answer(b, upstream)
     await asyncio.sleep(0.2)  # a few sync ticks fail meanwhile
     assert b.state == "closed"  # b keeps its own breaker while Redis is away
     clock.advance(CONFIG.reset_timeout)
     for breaker in (a, b):  # a probes (gated locally), b answers as usual
-        started = time.monotonic()
-        await answer(breaker, upstream)
-        slowest = max(slowest, time.monotonic() - started)
+        async with asyncio.timeout(0.2):
+            await answer(breaker, upstream)
     assert a.state == "closed"
-    assert slowest < 0.2
 
     killable_redis.start()
     await eventually(lambda: all(link.up for link in fast_replicas.links), within=2.0)

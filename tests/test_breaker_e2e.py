@@ -4,11 +4,11 @@ stale answers while open, and one breaker shared by two proxies through Redis.""
 from __future__ import annotations
 
 import asyncio
-import time
 
 from policies.core.clock import ManualClock
+from testkit.fakevendor import Fault
+from testkit.waiting import eventually
 from tests.conftest import route
-from tests.fakevendor import Fault
 
 BREAKER = {"fail_max": 3, "reset_timeout": "30s"}
 
@@ -99,18 +99,10 @@ async def test_admin_reset_closes_it(vendor, start_proxy):
     assert (await search(client)).status == 200
 
 
-async def eventually(check, within: float = 2.0) -> None:
-    deadline = time.monotonic() + within
-    while not await check():
-        assert time.monotonic() < deadline, "condition not met in time"
-        await asyncio.sleep(0.05)
-
-
 async def test_trip_in_one_proxy_opens_the_other(vendor, start_proxy, redis_server):
     a = await start_proxy(guarded(vendor, redis_server.url))
     b = await start_proxy(guarded(vendor, redis_server.url))
     await trip(a, vendor)
-    started = time.monotonic()
 
     async def b_open() -> bool:
         return (await (await b.get("/admin/breakers")).json())["breakers"]["tavily"][
@@ -118,7 +110,6 @@ async def test_trip_in_one_proxy_opens_the_other(vendor, start_proxy, redis_serv
         ] == "open"
 
     await eventually(b_open, within=1.5)
-    assert time.monotonic() - started < 1.0 + 0.5
     calls = vendor.count()
     r = await search(b)
     assert r.status == 503 and r.headers["X-Circuit"] == "open"
@@ -128,9 +119,8 @@ async def test_trip_in_one_proxy_opens_the_other(vendor, start_proxy, redis_serv
 async def test_redis_down_each_proxy_keeps_its_own_breaker(vendor, start_proxy, killable_redis):
     a = await start_proxy(guarded(vendor, killable_redis.url))
     killable_redis.stop()
-    started = time.monotonic()
-    await trip(a, vendor)
-    assert time.monotonic() - started < 1.5
+    async with asyncio.timeout(1.5):  # a dead Redis must not stall requests
+        await trip(a, vendor)
     r = await search(a)
     assert r.status == 503 and r.headers["X-Circuit"] == "open"
 

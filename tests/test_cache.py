@@ -4,8 +4,7 @@ on a ManualClock, and two replicas sharing entries and fetch locks through a rea
 from __future__ import annotations
 
 import asyncio
-import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
 import pytest
@@ -43,7 +42,8 @@ from policies.core.events import NullEvents
 from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
 from proxy.errors import NotFound, Unauthorized
-from tests.redisserver import RedisServer
+from testkit.redisserver import RedisServer
+from testkit.waiting import eventually
 
 ROUTE = "tavily"
 CFG = CacheConfig(ttl=60.0, stale_ttl=600.0)
@@ -166,17 +166,21 @@ def key(
     return cache_key(route, method, path, query, body, CIMultiDict(headers or {}), cfg, client)
 
 
-async def eventually(check: Callable[[], Awaitable[bool] | bool], within: float = 2.0) -> None:
-    """Poll `check` until it holds (for Redis and task scheduling), failing after `within` s."""
-    deadline = time.monotonic() + within
-    while True:
-        result = check()
-        if not isinstance(result, bool):
-            result = await result
-        if result:
-            return
-        assert time.monotonic() < deadline, "condition not reached in time"
-        await asyncio.sleep(0.005)
+class RecordingClock:
+    """The real clock, keeping every sleep asked of it (a follower's polls, in real time)."""
+
+    def __init__(self) -> None:
+        self.sleeps: list[float] = []
+
+    def now(self) -> float:
+        return SYSTEM_CLOCK.now()
+
+    def wall(self) -> float:
+        return SYSTEM_CLOCK.wall()
+
+    async def sleep(self, seconds: float) -> None:
+        self.sleeps.append(seconds)
+        await SYSTEM_CLOCK.sleep(seconds)
 
 
 # --- the cache key ----------------------------------------------------------------------------
@@ -877,15 +881,15 @@ async def test_a_follower_on_another_replica_waits_for_the_leaders_entry(
     links: tuple[RedisLink, RedisLink], raw: Redis
 ) -> None:
     events_b = RecordingEvents()
+    clock_b = RecordingClock()
     a = replica(links[0], SYSTEM_CLOCK)
-    b = replica(links[1], SYSTEM_CLOCK, events=events_b)
+    b = replica(links[1], clock_b, events=events_b)
     gate = asyncio.Event()
     vendor = Vendor(ok(), gate=gate)  # one vendor behind both replicas
     leader = asyncio.create_task(a.handle(make_flow(SYSTEM_CLOCK), vendor))
     lock = f"test:cache-lock:{key(QUERY)}"
     await eventually(lambda: raw.exists(lock))
-    started = time.monotonic()
-    follower = asyncio.create_task(b.handle(make_flow(SYSTEM_CLOCK), vendor))
+    follower = asyncio.create_task(b.handle(make_flow(clock_b), vendor))
     await asyncio.sleep(0.05)
     assert not follower.done() and vendor.calls == 1
     gate.set()
@@ -893,7 +897,8 @@ async def test_a_follower_on_another_replica_waits_for_the_leaders_entry(
     assert vendor.calls == 1
     assert first.headers["X-Cache"] == "MISS"
     assert second.headers["X-Cache"] == "HIT" and second.body == BODY
-    assert time.monotonic() - started < CFG.lock_wait
+    # It stopped polling when the leader's entry arrived, long before lock_wait ran out.
+    assert 0 < sum(clock_b.sleeps) < CFG.lock_wait / 2
     assert events_b.coalesced_count == 1 and events_b.results == ["hit"]
     assert not await raw.exists(lock)  # released with the store
 
@@ -993,10 +998,8 @@ async def test_redis_going_away_leaves_the_in_process_tier_and_coming_back_share
         killable_redis.stop()
 
         async def timed(cache: StaleCache, body: bytes, vendor: Vendor) -> Reply:
-            started = time.monotonic()
-            reply = await cache.handle(make_flow(clock, body), vendor)
-            assert time.monotonic() - started < 0.2
-            return reply
+            async with asyncio.timeout(0.2):  # a dead Redis must not stall the cache
+                return await cache.handle(make_flow(clock, body), vendor)
 
         assert (await timed(a, before, vendor_a)).headers["X-Cache"] == "HIT"
         assert (await timed(b, before, vendor_b)).headers["X-Cache"] == "MISS"

@@ -25,11 +25,8 @@ import os
 import re
 import shutil
 import signal
-import socket
 import subprocess
 import sys
-import time
-import urllib.request
 import zipfile
 from collections.abc import Iterator
 from pathlib import Path, PurePosixPath
@@ -48,6 +45,7 @@ from proxy.app import STATE
 from proxy.config import load_config, parse_duration
 from proxy.metrics import BREAKER_STATES, STATUS_CLASSES
 from testkit.fakevendor import Fault
+from testkit.procs import Child, free_port
 from tests.conftest import route
 
 REPO = Path(__file__).resolve().parent.parent
@@ -236,9 +234,7 @@ async def test_dashboard_and_alerts_query_only_metrics_the_proxy_exports(
     vendor: Any, start_proxy: Any
 ) -> None:
     quick = {"initial": "1ms", "max": "5ms", "jitter": "none"}
-    with socket.socket() as s:  # a port nobody listens on: Redis is "down"
-        s.bind(("127.0.0.1", 0))
-        dead_port = s.getsockname()[1]
+    dead_port = free_port()  # nobody listens on it: Redis is "down"
     client = await start_proxy(
         {
             "redis": {"url": f"redis://127.0.0.1:{dead_port}/0", "timeout": "50ms"},
@@ -958,7 +954,8 @@ def test_build_context_installs_the_package(tmp_path: Path) -> None:
     files = context_files()
     rels = {p.relative_to(REPO).as_posix() for p in files}
     assert "pyproject.toml" in rels and "deploy/config.yaml" in rels
-    assert not any(r.startswith(("tests/", ".venv/", ".git/")) or "__pycache__" in r for r in rels)
+    left_out = ("tests/", "testkit/", "bench/", ".venv/", ".git/")
+    assert not any(r.startswith(left_out) or "__pycache__" in r for r in rels)
     context = tmp_path / "context"
     for path in files:
         target = context / path.relative_to(REPO)
@@ -997,43 +994,25 @@ def test_build_context_installs_the_package(tmp_path: Path) -> None:
 def test_image_command_serves_passes_healthcheck_and_exits_0_on_sigterm() -> None:
     """The image's ENTRYPOINT + CMD (config path mapped to deploy/config.yaml), its HEALTHCHECK
     command, then SIGTERM as `docker stop` sends it."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()
     command = [str(IMAGE_CONFIG) if a == image_config_path() else a for a in image_command()]
     command[0] = str(Path(sys.executable).with_name(command[0]))
-    proc = subprocess.Popen(
-        [*command, "--host", "127.0.0.1", "--port", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.PIPE,
-    )
+    proxy = Child("image-command", [*command, "--host", "127.0.0.1", "--port", str(port)])
     try:
-        deadline = time.monotonic() + 15
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=1):
-                    break
-            except OSError:
-                assert proc.poll() is None, proc.stderr.read().decode() if proc.stderr else ""
-                assert time.monotonic() < deadline, "the proxy did not start"
-                time.sleep(0.05)
+        proxy.wait_http(f"http://127.0.0.1:{port}/healthz", within=15)
         (health,) = [a for i, a in dockerfile() if i == "HEALTHCHECK"]
         check = json.loads(re.search(r"\bCMD\s+(\[.*\])$", health).group(1))
         check = [a.replace(":8080/", f":{port}/") for a in check]
         check[0] = sys.executable
         assert run(check).returncode == 0
-        started = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        assert proc.wait(timeout=load_config(IMAGE_CONFIG, env={}).server.shutdown_grace) == 0
-        assert time.monotonic() - started < 5  # nothing in flight: it stops at once
+        grace = load_config(IMAGE_CONFIG, env={}).server.shutdown_grace
+        proxy.proc.send_signal(signal.SIGTERM)
+        # Nothing in flight: it exits 0 at once, not at the end of its shutdown grace.
+        assert proxy.proc.wait(timeout=min(5, grace)) == 0
         unhealthy = run(check)
         assert unhealthy.returncode != 0, "the healthcheck passes with nothing listening"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        if proc.stderr:
-            proc.stderr.close()
+        proxy.stop()
 
 
 def test_environment_of_compose_and_kubernetes_agree() -> None:

@@ -3,16 +3,19 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
 import signal
 import subprocess
 import sys
 
 import aiohttp
+import pytest
 
+from testkit.fakevendor import Fault
+from testkit.procs import ROOT, free_port
+from testkit.proxyprocess import ProxyProcess
 from tests.conftest import route
-from tests.fakevendor import Fault
-from tests.proxyprocess import ROOT, ProxyProcess
-from tests.redisserver import free_port
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess[str]:
@@ -107,3 +110,61 @@ async def test_sigterm_drains_in_flight_requests_then_exits_0(vendor):
         except aiohttp.ClientConnectionError:
             pass
     assert proxy.events("stopped")
+
+
+def test_check_config_help_prints_its_usage_and_exits_0():
+    for flag in ("--help", "-h"):
+        result = run_cli("check-config", flag)
+        assert result.returncode == 0, result.stderr
+        assert result.stdout.startswith("usage: search-proxy check-config [-h] FILE")
+        assert "cannot read config" not in result.stdout + result.stderr
+    top = run_cli("--help")
+    assert top.returncode == 0
+    assert "check-config" in top.stdout and "--port PORT" in top.stdout
+
+
+def test_every_config_mistake_is_reported_before_listening(tmp_path):
+    port = free_port()
+    f = tmp_path / "bad.yaml"
+    f.write_text(
+        f"server: {{port: {port}}}\nroutes:\n"
+        "  tavily:\n    prefix: /tavily\n    upstream: https://api.tavily.com\n"
+        "    timeouts: {per_try: ten}\n    retry: {attempts: 0}\n"
+        "  brave:\n    prefix: /brave\n    upstream: ftp://brave\n"
+    )
+    expected = [
+        'routes.tavily.timeouts.per_try: expected a duration like 10s, got "ten"',
+        "routes.tavily.retry.attempts: expected a whole number >= 1, got 0",
+        "routes.brave.upstream: expected an http(s) URL like https://api.tavily.com, got "
+        "'ftp://brave'",
+    ]
+    for args in (("check-config", str(f)), ("--config", str(f))):
+        result = run_cli(*args)
+        assert result.returncode == 2, args
+        assert result.stderr.splitlines() == [f"search-proxy: config error: {e}" for e in expected]
+        assert "listening" not in result.stdout
+        assert result.stdout == "" or args[0] == "--config"
+
+
+def test_make_run_passes_port_and_host_only_when_given():
+    def dry_run(*args: str, **env: str) -> str:
+        out = subprocess.run(
+            ["make", "-n", "run", *args],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+            env={**os.environ, **env},
+        )
+        assert out.returncode == 0, out.stderr
+        return out.stdout.splitlines()[-1]
+
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    serve = ".venv/bin/search-proxy --config"
+    assert dry_run() == f"{serve} config.yaml"
+    assert dry_run(PORT="9000", HOST="0.0.0.0") == f"{serve} config.yaml"  # environment ignored
+    assert dry_run("PORT=9000") == f"{serve} config.yaml --port 9000"
+    assert dry_run("CONFIG=o.yaml", "HOST=0.0.0.0", "PORT=9000") == (
+        f"{serve} o.yaml --host 0.0.0.0 --port 9000"
+    )

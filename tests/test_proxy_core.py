@@ -9,8 +9,8 @@ import json
 
 import aiohttp
 
+from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from tests.conftest import route
-from tests.fakevendor import FakeVendor, Fault, expected_urls
 
 
 def one_route(vendor: FakeVendor, prefix: str = "/v", upstream_path: str = "", **policies):
@@ -249,7 +249,7 @@ async def test_upstream_timeout_is_a_504_an_agent_can_read(vendor, start_proxy):
 
 
 async def test_connection_refused_is_a_502(start_proxy):
-    from tests.redisserver import free_port
+    from testkit.procs import free_port
 
     client = await start_proxy({"routes": {"v": route(f"http://127.0.0.1:{free_port()}", "/v")}})
     r = await client.get("/v/search")

@@ -21,8 +21,8 @@ import tavily
 from exa_py import AsyncExa, Exa
 from linkup import LinkupAuthenticationError, LinkupClient, LinkupInvalidRequestError
 
+from testkit.fakevendor import Fault, Received, expected_urls, make_results
 from tests.conftest import route
-from tests.fakevendor import Fault, Received, expected_urls, make_results
 
 with warnings.catch_warnings():  # "langchain-community is being sunset": still where it lives
     warnings.simplefilter("ignore", DeprecationWarning)

@@ -9,47 +9,48 @@ import subprocess
 import sys
 import tempfile
 import threading
-import time
-from pathlib import Path
 from typing import Any
 
 import yaml
 
-ROOT = Path(__file__).resolve().parent.parent
+from testkit.procs import Child, StartError
+from testkit.waiting import wait_until
 
 
 class ProxyProcess:
-    """Start with a YAML-shaped dict; `.url` once listening; `.lines` holds its stdout lines."""
+    """Start with a YAML-shaped dict; `.url` once listening; `.lines` holds everything it writes
+    (stdout and stderr, line by line)."""
 
     def __init__(self, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="search-proxy-")
         with os.fdopen(fd, "w") as f:
             yaml.safe_dump(config, f)
         self.env = {**os.environ, **(env or {})}
-        self.proc: subprocess.Popen[str] | None = None
+        self.child: Child | None = None
         self.lines: list[str] = []
         self.port: int | None = None
         self._listening = threading.Event()
+        self._reader: threading.Thread | None = None
+
+    @property
+    def proc(self) -> subprocess.Popen[bytes] | None:
+        return self.child.proc if self.child is not None else None
 
     def start(self, timeout: float = 10.0) -> ProxyProcess:
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "proxy", "--config", self.config_path, "--port", "0"],
-            cwd=ROOT,
-            env=self.env,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        threading.Thread(target=self._read, daemon=True).start()
+        argv = [sys.executable, "-m", "proxy", "--config", self.config_path, "--port", "0"]
+        self.child = Child("proxy", argv, env=self.env, pipe_stdout=True, merge_stderr=True)
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
         if not self._listening.wait(timeout):
             self.stop()
-            raise RuntimeError("proxy did not start:\n" + "\n".join(self.lines))
+            raise StartError("proxy did not start:\n" + "\n".join(self.lines))
         return self
 
     def _read(self) -> None:
-        assert self.proc is not None and self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
+        assert self.child is not None and self.child.proc.stdout is not None
+        for raw in self.child.proc.stdout:
+            line = raw.decode("utf-8", "replace").rstrip("\n")
+            self.lines.append(line)
             if '"listening"' in line:
                 self.port = json.loads(line)["port"]
                 self._listening.set()
@@ -69,28 +70,30 @@ class ProxyProcess:
         return found
 
     def wait_for_event(self, name: str, timeout: float = 5.0) -> list[dict[str, Any]]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            found = self.events(name)
-            if found:
-                return found
-            time.sleep(0.01)
-        raise AssertionError(f"no {name!r} event in:\n" + "\n".join(self.lines))
+        """The `name` events, once there is at least one (blocking)."""
+        try:
+            return wait_until(lambda: self.events(name), timeout, interval=0.01)
+        except TimeoutError:
+            raise AssertionError(f"no {name!r} event in:\n" + "\n".join(self.lines)) from None
 
     def stop(self) -> int | None:
-        if self.proc is None:
+        """SIGTERM and wait for the exit (up to 15 s); returns the exit code."""
+        if self.child is None:
             return None
-        if self.proc.poll() is None:
-            self.proc.terminate()
         try:
-            return self.proc.wait(timeout=15)
+            if self.child.alive():
+                self.child.proc.terminate()
+            code = self.child.proc.wait(timeout=15)
+            if self._reader is not None:
+                self._reader.join(5)  # the last lines, written just before exiting
+            return code
         finally:
+            self.child.stop()
             os.unlink(self.config_path)
 
     def __enter__(self) -> ProxyProcess:
         return self.start()
 
     def __exit__(self, *exc: object) -> None:
-        if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait()
+        if self.child is not None:
+            self.child.kill()
