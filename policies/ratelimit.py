@@ -27,6 +27,8 @@ log = structlog.get_logger("search_proxy.ratelimit")
 _EPSILON = 1e-5
 # A vendor header may say anything; a day covers daily quotas and keeps PX in range.
 MAX_PAUSE = 86_400.0
+# A token granted later than this before the request's deadline would only buy a timeout.
+ROOM_FOR_ATTEMPT = 0.25
 
 
 @dataclass(frozen=True)
@@ -37,7 +39,9 @@ class RateLimitConfig:
     burst: int
     key: Literal["route", "client"] = "route"
     client_header: str | None = None  # identity header for key=client; default: credentials
-    max_wait: float = 1.0  # longest a request waits for a token before it is refused
+    # Longest a request queues for a token before it is refused; None: as long as its deadline
+    # leaves room for the attempt itself.
+    max_wait: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -302,9 +306,10 @@ def _rate_text(rate: float) -> str:
 class RateLimit:
     """Takes a token before each upstream attempt (it runs inside the retry loop).
 
-    The wait allowed is `min(max_wait, time left before the deadline)`: within it the request
-    sleeps for its reserved token (delayed), beyond it gets `RateLimited` with the time until a
-    token is free. A vendor 429 with Retry-After, or a `hint`, pauses the bucket on every replica.
+    Callers queue in arrival order: each reserves the next free token and sleeps until it is
+    due (delayed), for at most `max_wait` and never past its deadline less ROOM_FOR_ATTEMPT;
+    beyond that it gets `RateLimited` with the time until a token is free. A vendor 429 with
+    Retry-After, or a `hint`, pauses the bucket on every replica.
     """
 
     def __init__(
@@ -343,7 +348,10 @@ class RateLimit:
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         key = self.bucket_key(flow)
-        allowed = max(0.0, min(self.config.max_wait, flow.deadline - self.clock.now()))
+        allowed = flow.deadline - self.clock.now() - ROOM_FOR_ATTEMPT
+        if self.config.max_wait is not None:
+            allowed = min(allowed, self.config.max_wait)
+        allowed = max(0.0, allowed)
         decision = await self.store.acquire(key, allowed)
         if isinstance(decision, Refusal):
             self.events.ratelimit(self.route, "rejected", 0.0)
@@ -379,5 +387,13 @@ class RateLimit:
     def _refusal_text(self, refusal: Refusal) -> str:
         retry = seconds_text(refusal.retry_after)
         if refusal.paused:
-            return f"{self.route}: the vendor asked us to slow down; retry in {retry}"
-        return f"{self.route}: {self._limit_text} reached; retry in {retry}"
+            return (
+                f"{self.route}: the vendor asked search-proxy to pause calls (Retry-After or an "
+                f"exhausted rate-limit window); the pause ends in {retry}; retry then or use "
+                "another provider"
+            )
+        return (
+            f"{self.route}: search-proxy's own {self._limit_text} is reached (this is the "
+            f"proxy's limit, not the vendor's: the vendor plan is not exhausted); "
+            f"retry in {retry}"
+        )

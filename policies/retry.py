@@ -108,10 +108,10 @@ class Retry:
         if outcome in (Outcome.OK, Outcome.EMPTY, Outcome.TERMINAL):
             return None
         if outcome is Outcome.MALFORMED:
-            return outcome if outcome in self.config.on_conditions else None
+            return outcome.value if outcome in self.config.on_conditions else None
         if reply.status in self.config.on_statuses:
             if outcome in (Outcome.RATE_LIMITED, Outcome.SERVER_ERROR):
-                return outcome
+                return outcome.value
             return str(reply.status)
         return None
 
@@ -128,7 +128,8 @@ class Retry:
                 reply = await call_next(flow)
             except AttemptFailed as exc:
                 failure: Reply | AttemptFailed = exc
-                reason: str | None = exc.outcome if exc.outcome in cfg.on_conditions else None
+                retryable = exc.transient and exc.outcome in cfg.on_conditions
+                reason: str | None = exc.outcome.value if retryable else None
                 self.events.attempt(self.route, exc.outcome)
             else:
                 outcome = self.classify(reply)

@@ -18,6 +18,7 @@ from aiohttp import web
 from policies.breaker import Breaker
 from policies.cache import StaleCache
 from policies.core.errors import ProxyError
+from proxy.dialects import error_response
 from proxy.errors import NotFound, Unauthorized
 from proxy.pipeline import Route
 
@@ -85,7 +86,7 @@ class Admin:
             authorize(request.remote, request.headers.get("Authorization", ""), self.token)
             return await self._handlers[request.match_info.route.name or ""](request)
         except ProxyError as err:
-            return _json(err.payload(), err.status)
+            return error_response(err, request.headers.get("X-Request-Id", ""))
 
     async def breakers(self, request: web.Request) -> web.Response:
         """GET /admin/breakers: every breaker's state and time to half-open."""

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
 import structlog
 from aiohttp import web
 from multidict import CIMultiDictProxy
@@ -26,6 +25,7 @@ from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
 from proxy.admin import Admin
 from proxy.config import Config
+from proxy.dialects import error_response
 from proxy.errors import MethodNotAllowed, PayloadTooLarge
 from proxy.forward import request_headers
 from proxy.logs import redact_query
@@ -65,18 +65,6 @@ def client_identity(headers: CIMultiDictProxy[str]) -> str:
     if not any(parts):
         return ""
     return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
-
-
-def error_response(err: ProxyError, request_id: str) -> web.Response:
-    """The JSON error body every proxy-made failure shares."""
-    headers = err.response_headers()
-    headers["X-Request-Id"] = request_id
-    return web.Response(
-        status=err.status,
-        body=orjson.dumps(err.payload()),
-        content_type="application/json",
-        headers=headers,
-    )
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -165,7 +153,8 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             err.route = err.route or flow.route
         elif route is not None:
             err.route = err.route or route.name
-        response = error_response(err, rid)
+        vendor = route.profile.name if route is not None and route.profile else None
+        response = error_response(err, rid, vendor)
         if flow is not None:
             response.headers.update(flow.reply_headers)
             response.headers["X-Proxy-Attempts"] = str(flow.attempts)

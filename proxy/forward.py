@@ -167,6 +167,29 @@ class Upstream:
             if resp is not None:
                 resp.close()
             raise self._timeout(flow, budget) from None
+        except aiohttp.ClientConnectorDNSError as exc:
+            raise UpstreamUnreachable(
+                f"{self.route}: the upstream host {self.host} does not resolve "
+                f"({exc.os_error.strerror or exc}); this is the proxy's DNS or its route "
+                f"config, not a passing fault: retrying will not help; check the route's "
+                "upstream and the proxy's DNS, or use another provider",
+                route=self.route,
+                attempts=flow.attempts,
+                outcome=Outcome.CONNECT_ERROR,
+                transient=False,
+                reason=f"host {self.host} does not resolve",
+            ) from None
+        except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
+            raise UpstreamUnreachable(
+                f"{self.route}: the TLS handshake with the upstream {self.host} failed "
+                f"({type(exc).__name__}); retrying will not help; check the route's upstream "
+                "scheme and port and the proxy's CA certificates, or use another provider",
+                route=self.route,
+                attempts=flow.attempts,
+                outcome=Outcome.CONNECT_ERROR,
+                transient=False,
+                reason=f"TLS with {self.host} failed",
+            ) from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(
                 f"{self.route}: cannot connect to the upstream ({exc.os_error.strerror or exc}) "
@@ -174,6 +197,19 @@ class Upstream:
                 route=self.route,
                 attempts=flow.attempts,
                 outcome=Outcome.CONNECT_ERROR,
+            ) from None
+        except aiohttp.ClientResponseError as exc:
+            # Broken framing or headers from the vendor (bad status line, chunk size ...).
+            if resp is not None:
+                resp.close()
+            raise UpstreamUnreachable(
+                f"{self.route}: the upstream sent a response the proxy cannot parse "
+                f"({type(exc).__name__}: {exc.message[:80]}) {self._attempt_text(flow)}; "
+                "try again shortly or use another provider",
+                route=self.route,
+                attempts=flow.attempts,
+                outcome=Outcome.RESET,
+                reason="sent a broken response",
             ) from None
         except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
             # After a connection was made (connect failures are caught above): disconnects,

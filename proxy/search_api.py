@@ -25,6 +25,7 @@ from policies.core.flow import Flow
 from policies.core.outcome import Outcome
 from policies.profiles import build_search_request, extract_results, normalize_results
 from proxy.config import SearchApiConfig
+from proxy.dialects import error_response
 from proxy.errors import ProvidersExhausted
 from proxy.metrics import Metrics
 from proxy.pipeline import Route
@@ -142,12 +143,7 @@ class SearchApi:
                     out.append(a)
             return web.json_response({"responses": out}, dumps=_dumps)
         except ProxyError as err:
-            return web.Response(
-                status=err.status,
-                body=orjson.dumps(err.payload()),
-                content_type="application/json",
-                headers=err.response_headers(),
-            )
+            return error_response(err, rid)
 
     async def search(
         self, query: str, max_results: int, providers: list[str], request_id: str

@@ -93,7 +93,13 @@ class VendorFailure(ProxyError):
 
 
 class AttemptFailed(VendorFailure):
-    """One upstream attempt failed in a way the retry loop may retry (`outcome` in `on:`)."""
+    """One upstream attempt failed in a way the retry loop may retry (`outcome` in `on:`).
+
+    `transient` is False when another attempt cannot help (the vendor's host name does not
+    resolve, its TLS certificate is refused): the retry loop gives up at once.
+    """
+
+    transient: bool = True
 
 
 # ---------------------------------------------------------------------------------------------
@@ -150,10 +156,16 @@ class UpstreamUnreachable(AttemptFailed):
     summary = "unreachable"
 
     def __init__(
-        self, message: str, *, outcome: Outcome = Outcome.CONNECT_ERROR, **kw: Any
+        self,
+        message: str,
+        *,
+        outcome: Outcome = Outcome.CONNECT_ERROR,
+        transient: bool = True,
+        **kw: Any,
     ) -> None:
         super().__init__(message, **kw)
         self.outcome = outcome  # connect_error, or reset when the connection dropped mid-answer
+        self.transient = transient
 
 
 class UpstreamMalformed(AttemptFailed):
