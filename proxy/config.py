@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass, field, fields, is_dataclass, replace
+from decimal import Decimal
 from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
@@ -31,6 +33,7 @@ from policies.profiles import (
 from policies.ratelimit import RateLimitConfig
 from policies.retry import BackoffConfig, BudgetConfig, RetryAfterConfig, RetryConfig
 from policies.search import SearchConfig
+from proxy.logs import SECRET_KEYS
 
 T = TypeVar("T")
 
@@ -73,6 +76,67 @@ class ConfigError(Exception):
         super().__init__(f"{path}: {reason}" if path else reason)
         self.path = path
         self.reason = reason
+
+
+class ConfigErrors(ConfigError):
+    """Every problem found in one config, in the order found; str() gives one per line.
+
+    `errors` holds them one by one. With a single error, `path` and `reason` are its own.
+    """
+
+    errors: tuple[ConfigError, ...]
+
+    def __init__(self, errors: Iterable[ConfigError]) -> None:
+        flat = tuple(
+            single
+            for error in errors
+            for single in (error.errors if isinstance(error, ConfigErrors) else (error,))
+        )
+        if len(flat) == 1:
+            super().__init__(flat[0].path, flat[0].reason)
+        else:
+            super().__init__("", "\n".join(str(error) for error in flat))
+        self.errors = flat
+
+
+class _Collector:
+    """Gathers ConfigErrors so that parsing goes on past a bad part and one run reports them all."""
+
+    def __init__(self) -> None:
+        self.errors: list[ConfigError] = []
+
+    @contextmanager
+    def part(self) -> Iterator[None]:
+        """Run the block; a ConfigError in it is recorded and the rest of the block skipped."""
+        try:
+            yield
+        except ConfigError as exc:
+            self.errors.extend(exc.errors if isinstance(exc, ConfigErrors) else (exc,))
+
+    def add(self, path: str, reason: str) -> None:
+        self.errors.append(ConfigError(path, reason))
+
+    def keys(
+        self, raw: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
+    ) -> dict[str, Any]:
+        """The allowed keys of mapping `raw`; unknown or missing keys are recorded."""
+        with self.part():
+            _mapping(raw, path, allowed, required)
+        return {k: v for k, v in raw.items() if k in allowed} if isinstance(raw, dict) else {}
+
+    def parse(
+        self, data: Mapping[str, Any], path: str, parsers: Mapping[str, Callable[[Any, str], Any]]
+    ) -> dict[str, Any]:
+        """Each key of `data` parsed by its parser; a key that fails is recorded and left out."""
+        out: dict[str, Any] = {}
+        for key, value in data.items():
+            with self.part():
+                out[key] = parsers[key](value, _join(path, key))
+        return out
+
+    def raise_any(self) -> None:
+        if self.errors:
+            raise ConfigErrors(self.errors)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -254,12 +318,18 @@ def _mapping(
         value = {}
     if not isinstance(value, dict):
         raise ConfigError(path, f"expected a mapping, got {type(value).__name__}")
-    for key in value:
-        if key not in allowed:
-            raise ConfigError(_join(path, str(key)), f"unknown key (allowed: {', '.join(allowed)})")
-    for key in required:
-        if key not in value:
-            raise ConfigError(_join(path, key), "required key is missing")
+    problems = [
+        ConfigError(_join(path, str(key)), f"unknown key (allowed: {', '.join(allowed)})")
+        for key in value
+        if key not in allowed
+    ]
+    problems += [
+        ConfigError(_join(path, key), "required key is missing")
+        for key in required
+        if key not in value
+    ]
+    if problems:
+        raise ConfigErrors(problems)
     return value
 
 
@@ -267,17 +337,28 @@ def _join(path: str, key: str) -> str:
     return f"{path}.{key}" if path else key
 
 
+def _fields(
+    raw: Any,
+    path: str,
+    parsers: Mapping[str, Callable[[Any, str], Any]],
+    required: tuple[str, ...] = (),
+) -> dict[str, Any]:
+    """Mapping `raw` with each present key parsed by its parser; every bad key is reported."""
+    collect = _Collector()
+    kwargs = collect.parse(collect.keys(raw, path, tuple(parsers), required), path, parsers)
+    collect.raise_any()
+    return kwargs
+
+
 def _section(
     raw: Any,
     path: str,
-    cls: type[T],
+    cls: Callable[..., T],
     parsers: Mapping[str, Callable[[Any, str], Any]],
     required: tuple[str, ...] = (),
 ) -> T:
     """Build dataclass `cls` from mapping `raw`, parsing each present key with its parser."""
-    data = _mapping(raw, path, tuple(parsers), required)
-    kwargs = {key: parsers[key](value, _join(path, key)) for key, value in data.items()}
-    return cls(**kwargs)
+    return cls(**_fields(raw, path, parsers, required))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -375,41 +456,34 @@ def _retry_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[Outcome]
     return frozenset(statuses), frozenset(conditions)
 
 
+_RETRY_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "attempts": lambda v, p: _int(v, p, 1),
+    "on": _retry_on,
+    "backoff": lambda v, p: _section(
+        v,
+        p,
+        BackoffConfig,
+        {
+            "initial": parse_duration,
+            "max": parse_duration,
+            "multiplier": lambda v, p: _float(v, p, 1.0),
+            "jitter": lambda v, p: _choice(v, p, ("full", "decorrelated", "none")),
+        },
+    ),
+    "retry_after": lambda v, p: _section(
+        v, p, RetryAfterConfig, {"honor": _bool, "max_wait": parse_duration}
+    ),
+    "budget": lambda v, p: _section(
+        v, p, BudgetConfig, {"ratio": _float, "min_per_s": lambda v, p: _int(v, p, 0)}
+    ),
+    "methods": _methods,
+}
+
+
 def _retry(raw: Any, path: str) -> RetryConfig:
-    data = _mapping(raw, path, ("attempts", "on", "backoff", "retry_after", "budget", "methods"))
-    kwargs: dict[str, Any] = {}
-    if "attempts" in data:
-        kwargs["attempts"] = _int(data["attempts"], _join(path, "attempts"), 1)
-    if "on" in data:
-        kwargs["on_statuses"], kwargs["on_conditions"] = _retry_on(data["on"], _join(path, "on"))
-    if "backoff" in data:
-        kwargs["backoff"] = _section(
-            data["backoff"],
-            _join(path, "backoff"),
-            BackoffConfig,
-            {
-                "initial": parse_duration,
-                "max": parse_duration,
-                "multiplier": lambda v, p: _float(v, p, 1.0),
-                "jitter": lambda v, p: _choice(v, p, ("full", "decorrelated", "none")),
-            },
-        )
-    if "retry_after" in data:
-        kwargs["retry_after"] = _section(
-            data["retry_after"],
-            _join(path, "retry_after"),
-            RetryAfterConfig,
-            {"honor": _bool, "max_wait": parse_duration},
-        )
-    if "budget" in data:
-        kwargs["budget"] = _section(
-            data["budget"],
-            _join(path, "budget"),
-            BudgetConfig,
-            {"ratio": _float, "min_per_s": lambda v, p: _int(v, p, 0)},
-        )
-    if "methods" in data:
-        kwargs["methods"] = _methods(data["methods"], _join(path, "methods"))
+    kwargs = _fields(raw, path, _RETRY_PARSERS)
+    if "on" in kwargs:
+        kwargs["on_statuses"], kwargs["on_conditions"] = kwargs.pop("on")
     return RetryConfig(**kwargs)
 
 
@@ -519,12 +593,12 @@ _ROUTE_PARSERS: dict[str, Callable[[Any, str], Any]] = {
 }
 
 
-def _route(name: str, raw: Any, path: str) -> RouteConfig:
+def _route_sections(name: str, raw: Any, path: str, collect: _Collector) -> dict[str, Any]:
+    """The sections of one route that parse; each bad one is recorded with its own errors."""
     if not _ROUTE_NAME.match(str(name)):
-        raise ConfigError(path, "route names are lower-case letters, digits, - and _")
-    data = _mapping(raw, path, tuple(_ROUTE_PARSERS), required=("prefix", "upstream"))
-    kwargs = {k: _ROUTE_PARSERS[k](v, _join(path, k)) for k, v in data.items()}
-    return RouteConfig(name=name, **kwargs)
+        collect.add(path, "route names are lower-case letters, digits, - and _")
+    data = collect.keys(raw, path, tuple(_ROUTE_PARSERS), required=("prefix", "upstream"))
+    return collect.parse(data, path, _ROUTE_PARSERS)
 
 
 def _search_api(raw: Any, path: str) -> SearchApiConfig:
@@ -696,20 +770,17 @@ def _profile(name: str, raw: Any, path: str) -> VendorProfile:
 
     ``query`` and ``results`` are required unless ``extends`` is given.
     """
-    data = _mapping(raw, path, ("extends", *_PROFILE_PARSERS))
-    kwargs = {
-        attr: parse(data[key], _join(path, key))
-        for key, (attr, parse) in _PROFILE_PARSERS.items()
-        if key in data
-    }
-    base: VendorProfile | None = None
-    if "extends" in data:
-        builtin = _choice(data["extends"], _join(path, "extends"), tuple(sorted(BUILTIN_PROFILES)))
-        base = BUILTIN_PROFILES[builtin]
-    else:
+    parsers = {key: parse for key, (_, parse) in _PROFILE_PARSERS.items()}
+    parsers["extends"] = lambda v, p: _choice(v, p, tuple(sorted(BUILTIN_PROFILES)))
+    collect = _Collector()
+    data = collect.parse(collect.keys(raw, path, tuple(parsers)), path, parsers)
+    if isinstance(raw, dict) and "extends" not in raw:
         for key in ("query", "results"):
-            if key not in data:
-                raise ConfigError(_join(path, key), "required key is missing (or use extends)")
+            if key not in raw:
+                collect.add(_join(path, key), "required key is missing (or use extends)")
+    collect.raise_any()
+    kwargs = {attr: data[key] for key, (attr, _) in _PROFILE_PARSERS.items() if key in data}
+    base = BUILTIN_PROFILES[data["extends"]] if "extends" in data else None
     try:
         if base is not None:
             return replace(base, name=name, **kwargs)
@@ -718,21 +789,24 @@ def _profile(name: str, raw: Any, path: str) -> VendorProfile:
         raise ConfigError(_join(path, exc.key), exc.reason) from None
 
 
-def _profiles(raw: Any, path: str) -> dict[str, VendorProfile]:
-    data = _mapping(raw, path, tuple(raw) if isinstance(raw, dict) else ())
-    return {name: _profile(name, body, _join(path, str(name))) for name, body in data.items()}
-
-
 # ---------------------------------------------------------------------------------------------
 # Whole documents
 
 
 def interpolate(node: Any, env: Mapping[str, str], path: str = "") -> Any:
     """Replace `${VAR}` (or `${VAR:-default}`) in every string; a missing variable is an error."""
+    collect = _Collector()
+    done = _interpolate(node, env, path, collect)
+    collect.raise_any()
+    return done
+
+
+def _interpolate(node: Any, env: Mapping[str, str], path: str, collect: _Collector) -> Any:
+    """`interpolate`, recording each missing variable and leaving its `${VAR}` in place."""
     if isinstance(node, dict):
-        return {k: interpolate(v, env, _join(path, str(k))) for k, v in node.items()}
+        return {k: _interpolate(v, env, _join(path, str(k)), collect) for k, v in node.items()}
     if isinstance(node, list):
-        return [interpolate(v, env, f"{path}[{i}]") for i, v in enumerate(node)]
+        return [_interpolate(v, env, f"{path}[{i}]", collect) for i, v in enumerate(node)]
     if isinstance(node, str) and "${" in node:
 
         def sub(m: re.Match[str]) -> str:
@@ -741,66 +815,100 @@ def interpolate(node: Any, env: Mapping[str, str], path: str = "") -> Any:
                 return env[name]
             if default is not None:
                 return default
-            raise ConfigError(path, f"environment variable {name} is not set")
+            collect.add(path, f"environment variable {name} is not set")
+            return m.group(0)
 
         return _ENV.sub(sub, node)
     return node
 
 
 def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
-    """Validate a YAML document (already loaded) into a Config."""
+    """Validate a YAML document (already loaded) into a Config.
+
+    Sections, profiles and routes are parsed independently, so one ConfigErrors reports every
+    mistake; cross-references (prefixes, vendors, providers) are checked among the parts that
+    parsed, so a broken part is reported once, not again by whatever names it.
+    """
     env = os.environ if env is None else env
-    data = _mapping(
-        interpolate(raw, env),
-        "",
-        ("server", "redis", "log", "routes", "search_api", "profiles"),
-        required=("routes",),
+    collect = _Collector()
+    doc = _interpolate(raw, env, "", collect)
+    interpolated = len(collect.errors)
+    unset = {error.path for error in collect.errors}
+    data = collect.keys(doc, "", _TOP_LEVEL_KEYS, required=("routes",))
+    sections = collect.parse(
+        {k: v for k, v in data.items() if k in _SECTION_PARSERS}, "", _SECTION_PARSERS
     )
-    profiles = {**BUILTIN_PROFILES, **_profiles(data.get("profiles"), "profiles")}
 
-    routes_raw = data["routes"]
-    if not isinstance(routes_raw, dict) or not routes_raw:
-        raise ConfigError("routes", "expected a mapping of at least one route")
-    routes = {name: _route(name, body, f"routes.{name}") for name, body in routes_raw.items()}
+    profiles = dict(BUILTIN_PROFILES)
+    profiles_raw: dict[Any, Any] = {}
+    with collect.part():
+        given = data.get("profiles")
+        profiles_raw = _mapping(given, "profiles", tuple(given) if isinstance(given, dict) else ())
+    for name, body in profiles_raw.items():
+        with collect.part():
+            profiles[name] = _profile(name, body, _join("profiles", str(name)))
+    vendors = profiles.keys() | profiles_raw.keys()  # a broken profile has its own errors
+
+    routes_raw = data.get("routes", {})
+    if "routes" in data and (not isinstance(routes_raw, dict) or not routes_raw):
+        collect.add("routes", "expected a mapping of at least one route")
+        routes_raw = {}
+    routes: dict[str, RouteConfig] = {}
     seen: dict[str, str] = {}
-    for route in routes.values():
-        if route.prefix in seen:
-            raise ConfigError(
-                f"routes.{route.name}.prefix",
-                f"{route.prefix!r} is already the prefix of route {seen[route.prefix]!r}",
+    for name, body in routes_raw.items():
+        before = len(collect.errors)
+        parts = _route_sections(name, body, f"routes.{name}", collect)
+        if len(collect.errors) == before:
+            routes[name] = RouteConfig(name=name, **parts)
+        # Checked on the sections that parsed, even when the route's others did not.
+        prefix, search = parts.get("prefix"), parts.get("search")
+        if prefix in seen:
+            collect.add(
+                f"routes.{name}.prefix",
+                f"{prefix!r} is already the prefix of route {seen[prefix]!r}",
             )
-        seen[route.prefix] = route.name
-        if route.search and route.search.vendor not in profiles:
-            raise ConfigError(
-                f"routes.{route.name}.search.vendor",
-                f"unknown vendor {route.search.vendor!r} (known: {', '.join(sorted(profiles))})",
+        elif prefix is not None:
+            seen[prefix] = name
+        if search is not None and search.vendor not in vendors:
+            collect.add(
+                f"routes.{name}.search.vendor",
+                f"unknown vendor {search.vendor!r} (known: {', '.join(sorted(profiles))})",
             )
 
-    search_api = _search_api(data.get("search_api"), "search_api")
+    search_api = sections.get("search_api", SearchApiConfig())
     for i, provider in enumerate(search_api.providers):
         named = routes.get(provider)
+        if provider not in routes and provider in routes_raw:
+            continue  # that route's own errors are reported
         if named is None or named.search is None:
-            raise ConfigError(
-                f"search_api.providers[{i}]",
-                f"{provider!r} is not a route with a search section",
+            collect.add(
+                f"search_api.providers[{i}]", f"{provider!r} is not a route with a search section"
             )
     if not search_api.providers:
         ordered = tuple(r.name for r in routes.values() if r.search is not None)
-        search_api = SearchApiConfig(
-            providers=ordered,
-            max_results=search_api.max_results,
-            blocked_domains=search_api.blocked_domains,
-            blocked_extensions=search_api.blocked_extensions,
-        )
+        search_api = replace(search_api, providers=ordered)
 
+    # A value whose variable is unset is reported once, as unset, not also as malformed.
+    found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
+    if found:
+        raise ConfigErrors(found)
     return Config(
         routes=MappingProxyType(routes),
-        server=_server(data.get("server"), "server"),
-        redis=_redis(data["redis"], "redis") if data.get("redis") is not None else None,
-        log=_log(data.get("log"), "log"),
+        server=sections.get("server", ServerConfig()),
+        redis=sections.get("redis"),
+        log=sections.get("log", LogConfig()),
         search_api=search_api,
         profiles=MappingProxyType(profiles),
     )
+
+
+_TOP_LEVEL_KEYS = ("server", "redis", "log", "routes", "search_api", "profiles")
+_SECTION_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "server": _server,
+    "redis": _optional(_redis),
+    "log": _log,
+    "search_api": _search_api,
+}
 
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
@@ -823,36 +931,120 @@ def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Confi
 # ---------------------------------------------------------------------------------------------
 # Showing the effective config
 
+REDACTED = "<redacted>"
+
+
+def as_document(config: Config) -> dict[str, Any]:
+    """The config as a YAML-shaped mapping that parse_config reads back into an equal Config.
+
+    Durations print as seconds, sizes as bytes, rates per second; built-in profiles are left
+    out (they are always there), custom ones print with the keys a profile is written with.
+    """
+    doc: dict[str, Any] = {"server": _plain(config.server)}
+    if config.redis is not None:
+        doc["redis"] = _plain(config.redis)
+    doc["log"] = _plain(config.log)
+    doc["search_api"] = _plain(config.search_api)
+    doc["routes"] = {name: _route_document(route) for name, route in config.routes.items()}
+    custom = {
+        name: _profile_document(profile)
+        for name, profile in config.profiles.items()
+        if BUILTIN_PROFILES.get(name) != profile
+    }
+    if custom:
+        doc["profiles"] = custom
+    return doc
+
 
 def redacted(config: Config) -> dict[str, Any]:
-    """The effective config as plain data, with secrets replaced by "<redacted>"."""
-
-    def plain(obj: Any) -> Any:
-        if is_dataclass(obj):
-            return {f.name: plain(getattr(obj, f.name)) for f in fields(obj)}
-        if isinstance(obj, Mapping):
-            return {str(k): plain(v) for k, v in obj.items()}
-        if isinstance(obj, Enum):
-            return obj.value
-        if isinstance(obj, frozenset):
-            return sorted(plain(v) for v in obj)
-        if isinstance(obj, tuple | list):
-            return [plain(v) for v in obj]
-        return obj
-
-    data: dict[str, Any] = plain(config)
-    data.pop("profiles", None)
-    data["profiles"] = sorted(config.profiles)
-    if data["server"].get("admin_token"):
-        data["server"]["admin_token"] = "<redacted>"
-    if data.get("redis"):
-        parts = urlsplit(data["redis"]["url"])
+    """`as_document(config)` with secrets replaced by "<redacted>", a placeholder to fill in."""
+    doc = as_document(config)
+    if "admin_token" in doc["server"]:
+        doc["server"]["admin_token"] = REDACTED
+    if "redis" in doc:
+        parts = urlsplit(doc["redis"]["url"])
         if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", ":<redacted>@")
-            data["redis"]["url"] = parts._replace(netloc=netloc).geturl()
-    for route in data["routes"].values():
-        header_set = route["headers"]["set"]
-        for name in header_set:
-            if name.lower() in SECRET_HEADERS:
-                header_set[name] = "<redacted>"
-    return data
+            netloc = parts.netloc.replace(f":{parts.password}@", f":{REDACTED}@")
+            doc["redis"]["url"] = parts._replace(netloc=netloc).geturl()
+    for route in doc["routes"].values():
+        _redact_keys(route["headers"]["set"], SECRET_HEADERS)
+    for profile in doc.get("profiles", {}).values():
+        _redact_keys(profile.get("search_headers", {}), SECRET_HEADERS)
+        _redact_keys(profile.get("search_extra", {}), SECRET_KEYS)
+    return doc
+
+
+def _redact_keys(mapping: dict[str, Any], secret: frozenset[str]) -> None:
+    for key in mapping:
+        if key.lower() in secret:
+            mapping[key] = REDACTED
+
+
+def _plain(obj: Any) -> Any:
+    """Dataclasses, enums and frozen collections as plain YAML data; None fields are left out
+    (every None is a key's default, and null is not what its parser takes)."""
+    if is_dataclass(obj) and not isinstance(obj, type):
+        values = ((f.name, getattr(obj, f.name)) for f in fields(obj))
+        return {name: _plain(value) for name, value in values if value is not None}
+    if isinstance(obj, Mapping):
+        return {k: _plain(v) for k, v in obj.items()}
+    if isinstance(obj, Enum):
+        return obj.value
+    if isinstance(obj, frozenset):
+        return sorted(_plain(v) for v in obj)
+    if isinstance(obj, tuple | list):
+        return [_plain(v) for v in obj]
+    return obj
+
+
+_SERVER_ERRORS = frozenset({500, 502, 503, 504})  # what `5xx` stands for in retry.on
+
+
+def _route_document(route: RouteConfig) -> dict[str, Any]:
+    doc: dict[str, Any] = _plain(route)
+    del doc["name"]  # the key of the route's mapping
+    if route.retry is not None:
+        retry = doc["retry"]
+        del retry["on_statuses"], retry["on_conditions"]
+        statuses: list[int | str] = sorted(route.retry.on_statuses)
+        if _SERVER_ERRORS <= route.retry.on_statuses:
+            statuses = [s for s in statuses if s not in _SERVER_ERRORS] + ["5xx"]
+        on = [*statuses, *sorted(c.value for c in route.retry.on_conditions)]
+        doc["retry"] = {"attempts": retry.pop("attempts"), "on": on, **retry}
+    if route.rate_limit is not None:
+        doc["rate_limit"]["rate"] = _rate_text(route.rate_limit.rate)
+    return doc
+
+
+def _rate_text(per_s: float) -> str:
+    """A rate parse_rate reads back as exactly `per_s`: whole per s, m or h if one is exact."""
+    for unit in ("s", "m", "h"):
+        count = round(per_s * _DURATION_UNITS[unit])
+        if count and count / _DURATION_UNITS[unit] == per_s:
+            return f"{count}/{unit}"
+    # The shortest repr reads back exactly; "f" keeps it out of exponent form, which the
+    # rate pattern does not take.
+    return f"{format(Decimal(repr(per_s)), 'f')}/s"
+
+
+def _dotted_text(paths: tuple[tuple[str, ...], ...]) -> list[str]:
+    return [".".join(keys) for keys in paths]
+
+
+# VendorProfile field -> its YAML form, where _plain's is not what the profile parser takes.
+_PROFILE_SHOWN: dict[str, Callable[[Any], Any]] = {
+    "query_locations": lambda locations: [{loc.kind: loc.field} for loc in locations],
+    "results_paths": _dotted_text,
+    "error_code_paths": _dotted_text,
+}
+
+
+def _profile_document(profile: VendorProfile) -> dict[str, Any]:
+    """A profile as the keys of _PROFILE_PARSERS, written out in full (no `extends`)."""
+    doc: dict[str, Any] = {}
+    for key, (attr, _) in _PROFILE_PARSERS.items():
+        value = getattr(profile, attr)
+        if value is None or (attr == "error_code_paths" and not value):
+            continue  # the default, and a value the parser has no spelling for
+        doc[key] = _PROFILE_SHOWN.get(attr, _plain)(value)
+    return doc

@@ -4,8 +4,10 @@ class of mistake."""
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
+import yaml
 
 from policies.profiles import (
     BUILTIN_PROFILES,
@@ -17,8 +19,12 @@ from policies.profiles import (
     classify,
     extract_results,
 )
+from proxy import cli
 from proxy.config import (
+    REDACTED,
     ConfigError,
+    ConfigErrors,
+    as_document,
     load_config,
     parse_config,
     parse_duration,
@@ -26,6 +32,7 @@ from proxy.config import (
     parse_size,
     redacted,
 )
+from testkit.procs import ROOT
 
 
 def minimal(**route):
@@ -330,3 +337,247 @@ def test_profile_errors_name_the_yaml_path(mapping, message: str) -> None:
 
 def test_profiles_section_must_be_a_mapping() -> None:
     assert error_of({**minimal(), "profiles": 5}) == "profiles: expected a mapping, got int"
+
+
+# --- every mistake in one run ----------------------------------------------------------------
+
+
+def errors_of(raw, env=None) -> list[str]:
+    with pytest.raises(ConfigErrors) as info:
+        parse_config(raw, env or {})
+    assert str(info.value) == "\n".join(str(e) for e in info.value.errors)
+    return [str(e) for e in info.value.errors]
+
+
+def test_one_mistake_is_one_error_with_its_path() -> None:
+    with pytest.raises(ConfigErrors) as info:
+        parse_config(minimal(timeouts={"per_try": "ten"}), {})
+    (only,) = info.value.errors
+    assert isinstance(info.value, ConfigError)
+    assert (info.value.path, info.value.reason) == (only.path, only.reason)
+    message = 'routes.tavily.timeouts.per_try: expected a duration like 10s, got "ten"'
+    assert str(info.value) == str(only) == message
+
+
+def test_every_mistake_is_reported_across_routes_and_sections() -> None:
+    raw = {
+        "server": {"port": -1},
+        "routes": {
+            "a": {
+                "prefix": "/a",
+                "upstream": "https://a.example",
+                "timeouts": {"per_try": "ten"},
+                "retry": {"attempts": 0, "backof": {}},
+                "cache": {"ttl": "soon"},
+                "search": {"vendor": "tavily"},
+            },
+            "b": {"prefix": "/b", "upstream": "ftp://b.example"},
+            "c": {"prefix": "/c", "upstream": "https://c.example", "rate_limit": {"rate": "9"}},
+        },
+    }
+    paths = [e.split(": ")[0] for e in errors_of(raw)]
+    assert paths == [
+        "server.port",
+        "routes.a.timeouts.per_try",
+        "routes.a.retry.backof",
+        "routes.a.retry.attempts",
+        "routes.a.cache.ttl",
+        "routes.b.upstream",
+        "routes.c.rate_limit.burst",
+        "routes.c.rate_limit.rate",
+    ]
+
+
+def test_every_unset_variable_is_named_once() -> None:
+    raw = minimal(upstream="${UP}", headers={"set": {"Authorization": "Bearer ${KEY}"}})
+    assert errors_of(raw) == [
+        "routes.tavily.upstream: environment variable UP is not set",
+        "routes.tavily.headers.set.Authorization: environment variable KEY is not set",
+    ]
+
+
+def test_cross_references_are_checked_on_what_parsed() -> None:
+    broken = {"prefix": "/a", "upstream": "https://a.example", "timeouts": {"total": "x"}}
+    raw = {
+        "profiles": {"acme": {"query": [{"json": "q"}]}},  # no results: broken
+        "search_api": {"providers": ["a", "b", "nope"]},
+        "routes": {
+            "a": {**broken, "search": {"vendor": "acme"}},
+            "b": {"prefix": "/a", "upstream": "https://b.example", "search": {"vendor": "bing"}},
+        },
+    }
+    assert [e.split(": ")[0] for e in errors_of(raw)] == [
+        "profiles.acme.results",  # not again as routes.a.search.vendor
+        "routes.a.timeouts.total",  # not again as search_api.providers[0]
+        "routes.b.prefix",  # a's prefix parsed, so b's duplicate is found now
+        "routes.b.search.vendor",
+        "search_api.providers[2]",
+    ]
+
+
+# --- check-config prints a config that loads back -------------------------------------------
+
+
+def check_config_output(path, capsys) -> str:
+    assert cli.check_config(str(path)) == 0
+    return capsys.readouterr().out
+
+
+EVERY_SECTION = {
+    "server": {
+        "host": "0.0.0.0",
+        "port": 9000,
+        "max_body_bytes": "2MiB",
+        "shutdown_grace": "250ms",
+        "upstream_connections": 10,
+        "upstream_connections_per_host": 0,
+        "keepalive_timeout": "1m",
+    },
+    "redis": {"url": "redis://127.0.0.1:6390/2", "key_prefix": "sp", "timeout": "50ms"},
+    "log": {"level": "debug", "format": "console"},
+    "search_api": {
+        "providers": ["b", "a"],
+        "max_results": 7,
+        "blocked_domains": ["spam.example"],
+        "blocked_extensions": [".pdf", ".zip"],
+    },
+    "routes": {
+        "a": {
+            "prefix": "/a",
+            "upstream": "https://a.example/base",
+            "strip_prefix": False,
+            "timeouts": {"connect": "1s", "per_try": "2.5s", "total": "1h"},
+            "headers": {"set": {"X-Plan": "free"}, "remove": ["X-Debug"]},
+            "retry": {
+                "attempts": 5,
+                "on": [429, "5xx", 418, "timeout", "connect_error"],
+                "backoff": {"initial": "10ms", "max": "2s", "multiplier": 1.5, "jitter": "none"},
+                "retry_after": {"honor": False, "max_wait": "3s"},
+                "budget": {"ratio": 0.5, "min_per_s": 0},
+                "methods": ["get", "PUT"],
+            },
+            "rate_limit": {
+                "rate": "100/m",
+                "burst": 3,
+                "key": "client",
+                "client_header": "X-Client",
+                "max_wait": 0,
+            },
+            "breaker": {
+                "fail_max": 2,
+                "reset_timeout": "5s",
+                "success_threshold": 2,
+                "half_open_probes": 3,
+            },
+            "cache": {
+                "ttl": "10m",
+                "stale_ttl": "24h",
+                "max_entry_bytes": "512KiB",
+                "methods": ["POST"],
+                "ignore_body_fields": ["request_id"],
+                "shared": True,
+                "max_entries": 5,
+                "max_bytes": "1GB",
+                "lock_wait": "0s",
+            },
+            "search": {
+                "vendor": "acme",
+                "on_empty": "pass",
+                "max_variants": 0,
+                "max_query_chars": 10,
+                "loop_guard": 0,
+            },
+        },
+        "b": {
+            "prefix": "/b",
+            "upstream": "http://127.0.0.1:1",
+            "retry": {"on": [502, "reset"]},
+            "rate_limit": {"rate": "0.036/h", "burst": 1},
+            "search": {"vendor": "tavily"},
+        },
+        "c": {
+            "prefix": "/c",
+            "upstream": "http://127.0.0.1:2",
+            "retry": {"on": []},
+            "rate_limit": {"rate": "2.5/s", "burst": 1},
+            "search": {"vendor": "tavily2"},
+        },
+    },
+    "profiles": {
+        "acme": {
+            "query": [{"json": "params.q"}, {"query": "q"}, {"path": "/find/"}],
+            "results": ["data.items", ""],
+            "url": ["link", "url"],
+            "title": "headline",
+            "snippet": "body",
+            "missing_results_is_empty": True,
+            "non_json_ok": True,
+            "empty_when_body_field": "nothing",
+            "empty_status_codes": {404: ["NONE"]},
+            "terminal_statuses": [402, 403],
+            "terminal_body_codes": {"429": "QUOTA"},
+            "error_code_paths": ["error.code", "code"],
+            "ratelimit_headers": True,
+            "search_method": "GET",
+            "search_path": "/api/search",
+            "max_results_field": "size",
+            "max_results_cap": 50,
+            "search_extra": {"lang": "en", "deep": {"x": [1, 2]}},
+            "search_headers": {"Accept": "application/json"},
+        },
+        "tavily2": {"extends": "tavily", "terminal_statuses": [400]},
+        "serper": {"extends": "serper", "search_path": None},  # a built-in, changed
+        "exa": {"extends": "exa"},  # the built-in itself: not printed
+    },
+}
+
+
+def test_check_config_output_is_the_same_config_for_every_section(tmp_path, capsys) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(EVERY_SECTION))
+    original = load_config(f, env={})
+    out = check_config_output(f, capsys)
+    assert REDACTED not in out
+    assert parse_config(yaml.safe_load(out), {}) == original
+    assert "'on':" in out and "rate: 100/m" in out  # `on` quoted: YAML 1.1 reads on as true
+    assert set(yaml.safe_load(out)["profiles"]) == {"acme", "tavily2", "serper"}
+
+
+def test_check_config_output_of_the_shipped_config_loads_back(capsys, monkeypatch) -> None:
+    text = (ROOT / "config.yaml").read_text()
+    env = {name: f"value-of-{name}" for name, _ in re.findall(r"\$\{(\w+)(:-[^}]*)?\}", text)}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    original = load_config(ROOT / "config.yaml", env=env)
+    reloaded = parse_config(yaml.safe_load(check_config_output(ROOT / "config.yaml", capsys)), {})
+    assert reloaded == parse_config(redacted(original), {})  # secrets, if any, as placeholders
+    assert parse_config(as_document(original), {}) == original
+
+
+def test_secrets_print_as_placeholders_that_load_back(tmp_path, capsys) -> None:
+    raw = minimal(headers={"set": {"Authorization": "Bearer sk-1", "X-Other": "plain"}})
+    raw["server"] = {"admin_token": "tok-2"}
+    raw["redis"] = {"url": "redis://:hunter3@127.0.0.1:6379/0"}
+    raw["profiles"] = {
+        "acme": {
+            "extends": "serpapi",
+            "search_headers": {"X-API-KEY": "k-4"},
+            "search_extra": {"api_key": "k-5", "engine": "bing"},
+        }
+    }
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    out = check_config_output(f, capsys)
+    for secret in ("sk-1", "tok-2", "hunter3", "k-4", "k-5"):
+        assert secret not in out
+    placeholders = minimal(headers={"set": {"Authorization": REDACTED, "X-Other": "plain"}})
+    placeholders["server"] = {"admin_token": REDACTED}
+    placeholders["redis"] = {"url": f"redis://:{REDACTED}@127.0.0.1:6379/0"}
+    placeholders["profiles"] = {
+        "acme": {
+            "extends": "serpapi",
+            "search_headers": {"X-API-KEY": REDACTED},
+            "search_extra": {"api_key": REDACTED, "engine": "bing"},
+        }
+    }
+    assert parse_config(yaml.safe_load(out), {}) == parse_config(placeholders, {})
