@@ -233,6 +233,14 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 async def search_endpoint(request: web.Request) -> web.Response:
     """POST /v1/search: one normalised search across the configured providers."""
+    if request.method != "POST":
+        err = MethodNotAllowed(
+            f"{request.method} /v1/search is not supported: send POST with a JSON body like "
+            '{"query": "..."}',
+            route="search",
+            headers={"Allow": "POST"},
+        )
+        return error_response(err, request.headers.get("X-Request-Id", ""))
     return await request.app[STATE].search_api.handle(request)  # type: ignore[union-attr]
 
 
@@ -306,7 +314,7 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
-    app.router.add_post("/v1/search", search_endpoint)
+    app.router.add_route("*", "/v1/search", search_endpoint)
     app.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
     app.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
     app.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")

@@ -3,7 +3,7 @@ failed); each extends a category of the core hierarchy in policies/core/errors.p
 
 from __future__ import annotations
 
-from policies.core.errors import ClientFault, VendorFailure
+from policies.core.errors import ClientFault, ProxyError, VendorFailure
 
 
 class NotFound(ClientFault):
@@ -31,3 +31,10 @@ class ProvidersExhausted(VendorFailure):
 
     status = 503
     type = "all_providers_failed"
+
+
+class ProvidersRefused(ProxyError):
+    """Every provider of a /v1/search call refused for good: bad key, no credits, no key."""
+
+    status = 502
+    type = "all_providers_refused"

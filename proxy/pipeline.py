@@ -29,7 +29,7 @@ from policies.profiles import VendorProfile, ratelimit_hint
 from policies.ratelimit import Hint, RateLimit, bucket_store, quota_hint
 from policies.retry import NO_RETRY, Retry
 from policies.search import SearchGuard, SearchRecovery, search_classifier
-from proxy.config import Config, RouteConfig
+from proxy.config import SECRET_HEADERS, Config, RouteConfig
 from proxy.forward import Upstream
 from proxy.metrics import Metrics, RouteMetrics
 
@@ -48,6 +48,7 @@ class Route:
     profile: VendorProfile | None = None
     breaker: Breaker | None = None
     cache: StaleCache | None = None
+    missing_key: str | None = None  # a credential header configured empty (unset ${VAR:-})
 
     @property
     def name(self) -> str:
@@ -84,6 +85,15 @@ def _storable(classify: Classifier) -> Callable[[Reply], bool]:
         return 200 <= reply.status < 300 and classify(reply) in (Outcome.OK, Outcome.EMPTY)
 
     return storable
+
+
+def empty_credential(name: str, value: str) -> bool:
+    """A credential header whose value is empty, or a bare scheme (`Bearer ` from an unset
+    `${VAR:-}`): not sent, so the agent's own key passes through on the route."""
+    if name.lower() not in SECRET_HEADERS:
+        return False
+    scheme, _, rest = value.strip().partition(" ")
+    return not scheme or (scheme.lower() in ("bearer", "basic", "token") and not rest.strip())
 
 
 def build_route(cfg: RouteConfig, deps: Deps) -> Route:
@@ -147,7 +157,8 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         config=cfg,
         handler=compose(policies, upstream),
         metrics=metrics,
-        set_headers=tuple(cfg.headers.set.items()),
+        set_headers=tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v)),
+        missing_key=next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None),
         remove_headers=frozenset(h.lower() for h in cfg.headers.remove),
         policies=policies,
         classify=classify,

@@ -23,10 +23,16 @@ from policies.core.clock import Clock
 from policies.core.errors import BadRequest, CircuitOpen, ProxyError, seconds_text
 from policies.core.flow import Flow
 from policies.core.outcome import Outcome
-from policies.profiles import build_search_request, extract_results, normalize_results
+from policies.profiles import (
+    build_search_request,
+    error_message,
+    extract_results,
+    normalize_results,
+)
+from policies.search import TERMINAL_STATUSES
 from proxy.config import SearchApiConfig
 from proxy.dialects import error_response
-from proxy.errors import ProvidersExhausted
+from proxy.errors import ProvidersExhausted, ProvidersRefused
 from proxy.metrics import Metrics
 from proxy.pipeline import Route
 
@@ -44,6 +50,7 @@ class Tried:
     ms: float
     reason: str = ""  # the sentence used when every provider failed
     retry_after_s: float | None = None
+    terminal: bool = False  # a bad key, no credits, no key configured: a retry cannot help
 
     def public(self) -> dict[str, Any]:
         return {
@@ -176,23 +183,15 @@ class SearchApi:
                 "cache_age_s": None,
                 "attempts": [t.public() for t in tried],
             }
-        waits = [t.retry_after_s for t in tried if t.retry_after_s is not None]
-        retry_in = min(waits) if waits else None
-        advice = (
-            f"Retry in {seconds_text(retry_in)} or rephrase the query."
-            if retry_in is not None
-            else "Retry shortly or rephrase the query."
-        )
-        reasons = ", ".join(f"{t.provider} {t.reason}" for t in tried)
-        raise ProvidersExhausted(
-            f"All {len(tried)} providers failed: {reasons}. {advice}",
-            route="search",
-            attempts=len(tried),
-            retry_after_s=retry_in,
-        )
+        raise _all_failed(tried)
 
     async def _try(self, route: Route, query: str, max_results: int, rid: str) -> _Outcome:
         started = self.clock.now()
+        if route.missing_key is not None:
+            header = route.missing_key
+            why = f"has no API key configured (its {header} header is empty: set the variable"
+            why += f" in routes.{route.name}.headers.set)"
+            return _Outcome(Tried(route.name, query, "skipped", None, 0.0, why, terminal=True))
         breaker = route.breaker
         if breaker is not None and breaker.state == "open":
             wait = breaker.seconds_until_half_open()
@@ -251,6 +250,12 @@ class SearchApi:
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
         if outcome is Outcome.EMPTY:
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms))
+        if outcome is Outcome.TERMINAL or reply.status in TERMINAL_STATUSES:
+            said = error_message(reply.body)
+            reason = f"{reply.status}" + (f" ({said})" if said else "")
+            return _Outcome(
+                Tried(route.name, used, "failed", reply.status, ms, reason, terminal=True)
+            )
         asked = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
         reason = f"{reply.status}" + (f" (retry after {seconds_text(asked)})" if asked else "")
         return _Outcome(Tried(route.name, used, "failed", reply.status, ms, reason, asked))
@@ -287,6 +292,34 @@ class _Outcome:
     query_used: str | None = None
     from_cache: bool = False
     cache_age_s: int | None = None
+
+
+def _all_failed(tried: list[Tried]) -> ProxyError:
+    """The error when no provider answered: a retry-later one, or a do-not-retry one when every
+    provider refused for good (bad key, no credits, no key configured)."""
+    reasons = ", ".join(f"{t.provider} {t.reason}" for t in tried)
+    status = next((t.status for t in tried if t.status is not None), None)
+    refused = [t.provider for t in tried if t.terminal]
+    if len(refused) == len(tried):
+        return ProvidersRefused(
+            f"All {len(tried)} providers refused the request: {reasons}. Retrying will not help:"
+            " check each provider's API key and plan, or send providers that have one.",
+            route="search",
+            attempts=len(tried),
+            upstream_status=status,
+        )
+    waits = [t.retry_after_s for t in tried if t.retry_after_s is not None]
+    retry_in = min(waits) if waits else None
+    advice = f"Retry in {seconds_text(retry_in)}." if retry_in is not None else "Retry shortly."
+    if refused:
+        advice += f" ({', '.join(refused)} will not recover on a retry: check key and plan.)"
+    return ProvidersExhausted(
+        f"All {len(tried)} providers failed: {reasons}. {advice}",
+        route="search",
+        attempts=len(tried),
+        upstream_status=status,
+        retry_after_s=retry_in,
+    )
 
 
 def _reason(err: ProxyError) -> str:

@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import asyncio
 import os
-import shutil
 import signal
 import subprocess
 import sys
 
 import aiohttp
-import pytest
 
 from testkit.fakevendor import Fault
 from testkit.procs import ROOT, free_port
@@ -145,21 +143,24 @@ def test_every_config_mistake_is_reported_before_listening(tmp_path):
         assert result.stdout == ""  # no effective config printed, no "listening" event
 
 
+_MAKE_STATE = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
+
+
 def test_make_run_passes_port_and_host_only_when_given():
     def dry_run(*args: str, **env: str) -> str:
+        # A top-level make even when this suite runs under `make test` (no inherited state).
+        clean = {k: v for k, v in os.environ.items() if k not in _MAKE_STATE}
         out = subprocess.run(
-            ["make", "-n", "run", *args],
+            ["make", "--no-print-directory", "-n", "run", *args],
             cwd=ROOT,
             capture_output=True,
             text=True,
             timeout=30,
-            env={**os.environ, **env},
+            env={**clean, **env},
         )
         assert out.returncode == 0, out.stderr
         return out.stdout.splitlines()[-1]
 
-    if shutil.which("make") is None:
-        pytest.skip("make is not installed")
     serve = ".venv/bin/search-proxy --config"
     assert dry_run() == f"{serve} config.yaml"
     assert dry_run(PORT="9000", HOST="0.0.0.0") == f"{serve} config.yaml"  # environment ignored

@@ -153,10 +153,65 @@ async def test_v1_search_all_providers_failing_says_what_was_tried(aiohttp_serve
     err = (await r.json())["error"]
     assert err["type"] == "all_providers_failed"
     assert err["message"] == (
-        "All 2 providers failed: tavily 503, brave 429 (retry after 30s). "
-        "Retry in 30s or rephrase the query."
+        "All 2 providers failed: tavily 503, brave 429 (retry after 30s). Retry in 30s."
     )
-    assert err["retry_after_s"] == 30
+    assert err["retry_after_s"] == 30 and err["upstream_status"] == 503
+    assert r.headers["X-Proxy-Error"] == "all_providers_failed"
+
+
+async def test_v1_search_providers_refusing_for_good_say_do_not_retry(aiohttp_server, start_proxy):
+    """A bad key and an exhausted plan are not outages: the agent is told not to retry, with
+    each provider's own words."""
+    first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    first.set_default(Fault.status(432, {"detail": {"error": "This request exceeds your plan"}}))
+    second.set_default(Fault.status(401, {"error": "Invalid API key"}))
+    client = await start_proxy(
+        {"routes": {"tavily": provider(u1, "tavily"), "exa": provider(u2, "exa")}}
+    )
+    r = await client.post("/v1/search", json={"query": "out of credits"})
+    assert r.status == 502
+    err = (await r.json())["error"]
+    assert err["type"] == "all_providers_refused"
+    assert err["message"] == (
+        "All 2 providers refused the request: tavily 432 (This request exceeds your plan), "
+        "exa 401 (Invalid API key). Retrying will not help: check each provider's API key and "
+        "plan, or send providers that have one."
+    )
+    assert err["upstream_status"] == 432 and err["retry_after_s"] is None
+    assert "Retry-After" not in r.headers
+    assert first.count() == 1 and second.count() == 1  # terminal answers are not retried
+
+
+async def test_v1_search_skips_a_provider_whose_key_is_not_set(aiohttp_server, start_proxy):
+    first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    keyed = {"set": {"Authorization": "Bearer ${TAVILY_API_KEY:-}"}}
+    client = await start_proxy(
+        {
+            "routes": {
+                "tavily": provider(u1, "tavily", headers=keyed),
+                "brave": provider(u2, "brave"),
+            }
+        },
+        env={},
+    )
+    r = await client.post("/v1/search", json={"query": "keys from the environment"})
+    assert r.status == 200
+    body = await r.json()
+    assert body["provider"] == "brave"
+    assert body["attempts"][0]["outcome"] == "skipped" and first.count() == 0
+    only = await client.post("/v1/search", json={"query": "keys", "providers": ["tavily"]})
+    err = (await only.json())["error"]
+    assert only.status == 502 and err["type"] == "all_providers_refused"
+    assert "tavily has no API key configured (its Authorization header is empty" in err["message"]
+
+
+async def test_v1_search_answers_other_methods_with_405(aiohttp_server, start_proxy):
+    _first, _second, (u1, _u2) = await two_vendors(aiohttp_server)
+    client = await start_proxy({"routes": {"tavily": provider(u1, "tavily")}})
+    r = await client.get("/v1/search")
+    assert r.status == 405 and r.headers["Allow"] == "POST"
+    err = (await r.json())["error"]
+    assert err["type"] == "method_not_allowed" and "send POST" in err["message"]
 
 
 async def test_v1_search_filters_and_dedupes(aiohttp_server, start_proxy):
@@ -225,7 +280,7 @@ async def test_v1_search_skips_a_provider_whose_breaker_is_open(aiohttp_server, 
     r = await client.post("/v1/search", json={"query": "all broken"})
     err = (await r.json())["error"]
     assert err["message"].startswith("All 2 providers failed: tavily circuit open (retry in ")
-    assert err["message"].endswith("brave 503. Retry in 30s or rephrase the query.")
+    assert err["message"].endswith("brave 503. Retry in 30s.")
 
 
 async def test_v1_search_reads_retry_after_as_an_http_date(aiohttp_server, start_proxy):
@@ -242,3 +297,17 @@ async def test_v1_search_reads_retry_after_as_an_http_date(aiohttp_server, start
     assert r.status == 503
     assert err["retry_after_s"] == 60
     assert "tavily 429 (retry after " in err["message"]
+
+
+async def test_an_empty_configured_key_lets_the_agents_own_key_through(vendor, start_proxy):
+    """headers.set with an unset ${VAR:-} sends nothing, so an SDK's own key still works; once
+    the variable is set, the configured key replaces the agent's."""
+    keyed = {"set": {"Authorization": "Bearer ${TAVILY_API_KEY:-}"}}
+    raw = {"routes": {"tavily": provider(vendor.url, "tavily", headers=keyed)}}
+    agent = {"Authorization": "Bearer agent-key"}
+    client = await start_proxy(raw, env={})
+    r = await client.post("/tavily/search", json={"query": "own key"}, headers=agent)
+    assert r.status == 200 and vendor.last.headers["Authorization"] == "Bearer agent-key"
+    client = await start_proxy(raw, env={"TAVILY_API_KEY": "proxy-key"})
+    r = await client.post("/tavily/search", json={"query": "configured key"}, headers=agent)
+    assert r.status == 200 and vendor.last.headers["Authorization"] == "Bearer proxy-key"

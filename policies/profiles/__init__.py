@@ -3,7 +3,7 @@
 Plain data plus pure functions (no I/O), shared by the search-recovery policy and the tests.
 """
 
-from policies.profiles.assess import assess, classify, ratelimit_hint
+from policies.profiles.assess import assess, classify, error_message, ratelimit_hint
 from policies.profiles.model import (
     QUERY_KINDS,
     Assessment,
@@ -37,6 +37,7 @@ __all__ = [
     "assess",
     "build_search_request",
     "classify",
+    "error_message",
     "extract_query",
     "extract_results",
     "normalize_results",

@@ -67,6 +67,32 @@ def assess(profile: VendorProfile, status: int, body: bytes) -> Assessment:
     return Assessment(Verdict.MALFORMED, code)
 
 
+# Where vendors put the sentence of an error body: Tavily detail.error, Linkup/Scavio/Brave
+# error.message or error.detail, Exa/SerpAPI/Firecrawl error, Serper/Jina message, FastAPI detail.
+_MESSAGE_PATHS: tuple[tuple[str, ...], ...] = (
+    ("detail", "error"),
+    ("error", "message"),
+    ("error", "detail"),
+    ("error",),
+    ("message",),
+    ("detail",),
+)
+MAX_VENDOR_MESSAGE = 200
+
+
+def error_message(body: bytes) -> str | None:
+    """The vendor's own sentence in an error body, cut to one short line; None if none."""
+    data = _load_json(body)
+    if not isinstance(data, dict):
+        return None
+    for path in _MESSAGE_PATHS:
+        value = _dig(data, path)
+        if isinstance(value, str) and value.strip():
+            text = " ".join(value.split())
+            return text if len(text) <= MAX_VENDOR_MESSAGE else text[:MAX_VENDOR_MESSAGE] + "..."
+    return None
+
+
 def classify(profile: VendorProfile, status: int, body: bytes) -> Verdict:
     """The verdict alone; see `assess` for the rules and the error code."""
     return assess(profile, status, body).verdict
