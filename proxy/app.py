@@ -153,7 +153,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             err.route = err.route or flow.route
         elif route is not None:
             err.route = err.route or route.name
-        vendor = route.profile.name if route is not None and route.profile else None
+        vendor = route.profile.dialect if route is not None and route.profile else None
         response = error_response(err, rid, vendor)
         if flow is not None:
             response.headers.update(flow.reply_headers)

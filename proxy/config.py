@@ -783,7 +783,7 @@ def _profile(name: str, raw: Any, path: str) -> VendorProfile:
     base = BUILTIN_PROFILES[data["extends"]] if "extends" in data else None
     try:
         if base is not None:
-            return replace(base, name=name, **kwargs)
+            return replace(base, name=name, family=base.dialect, **kwargs)
         return VendorProfile(name=name, **kwargs)
     except ProfileError as exc:  # a rule across keys, e.g. a GET search needs a query location
         raise ConfigError(_join(path, exc.key), exc.reason) from None

@@ -3,7 +3,21 @@ the budget, counted at the fake vendor."""
 
 from __future__ import annotations
 
+import socket
+from typing import Any
+
+import aiohttp
+import aiohttp.abc
+import pytest
+from multidict import CIMultiDict
+
 from policies.core.clock import ManualClock
+from policies.core.errors import UpstreamUnreachable
+from policies.core.events import NullEvents
+from policies.core.flow import Flow, compose
+from policies.retry import Retry
+from proxy.config import parse_config
+from proxy.forward import Upstream
 from testkit.fakevendor import Fault
 from tests.conftest import route
 
@@ -175,3 +189,53 @@ async def test_methods_not_listed_are_not_retried(vendor, start_proxy):
     vendor.script(Fault.status(503))
     r = await search(client)
     assert r.status == 503 and vendor.count() == 1
+
+
+class _NoSuchHost(aiohttp.abc.AbstractResolver):
+    """A resolver that knows no host, as DNS answers for a mistyped upstream."""
+
+    async def resolve(self, host: str, port: int = 0, family: int = 0) -> list[Any]:
+        raise OSError(socket.EAI_NONAME, "Name or service not known")
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
+    config = parse_config(
+        {
+            "routes": {
+                "tavily": {
+                    "prefix": "/tavily",
+                    "upstream": "https://api.tavily.example",
+                    "retry": {"attempts": 3, "on": ["5xx", "connect_error"]},
+                }
+            }
+        },
+        {},
+    )
+    cfg = config.routes["tavily"]
+    assert cfg.retry is not None
+    clock = ManualClock()
+    connector = aiohttp.TCPConnector(resolver=_NoSuchHost())
+    async with aiohttp.ClientSession(connector=connector) as session:
+        retry = Retry("tavily", cfg.retry, per_try=1.0, clock=clock, events=NullEvents())
+        handler = compose([retry], Upstream(cfg, session, clock))
+        flow = Flow(
+            route="tavily",
+            method="POST",
+            path="/search",
+            query_string="",
+            headers=CIMultiDict(),
+            body=b"{}",
+            request_id="r",
+            client="",
+            deadline=clock.now() + 10,
+            started=clock.now(),
+        )
+        with pytest.raises(UpstreamUnreachable) as caught:
+            await handler(flow)
+    err = caught.value
+    assert err.transient is False and flow.attempts == 1 and clock.sleeps == []
+    assert "api.tavily.example does not resolve" in err.message
+    assert "retrying will not help" in err.message

@@ -311,3 +311,18 @@ async def test_an_empty_configured_key_lets_the_agents_own_key_through(vendor, s
     client = await start_proxy(raw, env={"TAVILY_API_KEY": "proxy-key"})
     r = await client.post("/tavily/search", json={"query": "configured key"}, headers=agent)
     assert r.status == 200 and vendor.last.headers["Authorization"] == "Bearer proxy-key"
+
+
+async def test_a_custom_profile_extending_a_vendor_answers_errors_in_its_shape(vendor, start_proxy):
+    raw = {
+        "profiles": {"my-tavily": {"extends": "tavily", "max_results_cap": 5}},
+        "routes": {
+            "tavily": provider(
+                vendor.url, "tavily", search={"vendor": "my-tavily", "max_query_chars": 10}
+            )
+        },
+    }
+    client = await start_proxy(raw)
+    r = await client.post("/tavily/search", json={"query": "far too long a query"})
+    body = await r.json()
+    assert r.status == 400 and "over the limit of 10" in body["detail"]["error"]

@@ -142,6 +142,14 @@ class VendorProfile:
     max_results_cap: int | None = None
     search_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     search_headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
+    # The built-in vendor whose API this profile speaks (a custom profile that `extends` one);
+    # "" for the built-ins themselves. The proxy answers its own errors in that vendor's shape.
+    family: str = dataclasses.field(default="", compare=False)
+
+    @property
+    def dialect(self) -> str:
+        """The vendor whose error shape this profile's route answers in."""
+        return self.family or self.name
 
     def __post_init__(self) -> None:
         freeze = object.__setattr__
