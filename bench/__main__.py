@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from bench import core, resilience, retries, search
+from bench import burst, core, resilience, retries, search
 from bench.procs import Pinning, detect_pinning
 from bench.report import Scenario
 from testkit.procs import stop_all
@@ -28,6 +28,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "retries": retries.run,
     "resilience": resilience.run,
     "search": search.run,
+    "burst": burst.run,
 }
 
 
