@@ -183,7 +183,7 @@ async def test_v1_search_providers_refusing_for_good_say_do_not_retry(aiohttp_se
 
 
 async def test_v1_search_skips_a_provider_whose_key_is_not_set(aiohttp_server, start_proxy):
-    first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    first, _second, (u1, u2) = await two_vendors(aiohttp_server)
     keyed = {"set": {"Authorization": "Bearer ${TAVILY_API_KEY:-}"}}
     client = await start_proxy(
         {

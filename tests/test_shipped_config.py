@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections.abc import Mapping
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any
@@ -18,9 +19,10 @@ from testkit.fakevendor import FakeVendor
 SHIPPED = Path(__file__).resolve().parent.parent / "config.yaml"
 
 
-def shipped_config(vendor_url: str) -> Config:
-    """config.yaml with every route's upstream pointed at the fake vendor, nothing else changed."""
-    config = load_config(SHIPPED, env={})
+def shipped_config(vendor_url: str, env: Mapping[str, str] | None = None) -> Config:
+    """config.yaml with every route's upstream pointed at the fake vendor, nothing else changed;
+    ``env`` is the environment its ``${VAR}``s read (empty unless given: no vendor keys)."""
+    config = load_config(SHIPPED, env=dict(env or {}))
     routes = {
         name: dataclasses.replace(
             r, upstream=f"{vendor_url}/{r.search.vendor if r.search else name}"
