@@ -1,28 +1,35 @@
 """Query simplification: progressively simpler variants of a search query that found nothing.
 
-Rules (each applied on top of the previous; the original itself is never returned):
+Each variant costs a vendor call, so all the cleaning happens in the first variant and every
+later one is shorter (the original itself is never returned).
 
 Spaced queries (English and other spaced scripts, including English with a few CJK words):
-1. drop quotes and special characters: keep letters, digits and marks of any script, spaces,
-   hyphens and apostrophes inside words, dots inside numbers ("3.11") and a trailing run of
-   ``+``/``#`` on a word ("C++", "C#");
-2. drop year qualifiers: 1900-2099 and ranges like "2019-2021", with a connecting word
-   before a year ("in 2023", "from 2019 to 2021");
-3. drop filler words (a short English stopword list; ALL-CAPS acronyms such as "WHO" are kept
-   unless the whole query is in capitals);
-4. keep the first five words;  5. keep the first three words.
+1. the cleaned query, with all of:
+   - quotes and special characters dropped: keep letters, digits and marks of any script,
+     spaces, hyphens and apostrophes inside words, underscores attached to a word
+     ("unique_ptr", "__init__"), dots inside numbers ("3.11") and a trailing run of
+     ``+``/``#`` on a word ("C++", "C#");
+   - year qualifiers dropped: 1900-2099 and ranges like "2019-2021", with a connecting word
+     before a year ("in 2023", "from 2019 to 2021");
+   - filler words dropped (a short English stopword list; ALL-CAPS acronyms such as "WHO" are
+     kept unless the whole query is in capitals; request verbs such as "find", "show" and
+     "list" only in the query's leading run of filler words: "linux find files" keeps "find");
+2. its first three key terms;  3. its first two key terms. Key terms are the cleaned
+   query's words less linking words ("vs", "between", "near"...); a shortened variant never
+   ends on a negation or an ordinal ("not", "2nd"), which lean on the word after them. So an
+   empty answer reaches three words by the second variant.
 
 Unspaced queries (Chinese, Japanese, Thai...: letters mostly from such scripts, or no
 whitespace at all and some such letters):
-1. drop quotes and brackets, turn other special punctuation into spaces;
-2. drop year qualifiers ("2024", "2024年", "2019-2021");
-3. split into segments on ，。、；：？！,.;:?! and spaces, and drop trailing segments one at a time;
-4. if a single segment longer than 8 characters is left, its first 8, then its first 4
+1. the cleaned query: quotes and brackets dropped, other special punctuation turned into
+   spaces, year qualifiers dropped ("2024", "2024年", "2019-2021");
+2. split into segments on ，。、；：？！,.;:?! and spaces, and drop trailing segments one at a time;
+3. if a single segment longer than 8 characters is left, its first 8, then its first 4
    characters (a Latin word or number at the cut is kept whole).
 
-A step that changes nothing, or would leave nothing, adds no variant; variants equal to the
-original or to an earlier variant (ignoring case, spacing and final ?!.) are skipped, and at
-most `max_variants` are returned. No variant is ever empty.
+A cleaning step that would leave nothing is skipped; variants equal to the original or to an
+earlier variant (ignoring case, spacing and final ?!.) are skipped, and at most `max_variants`
+are returned. No variant is ever empty.
 """
 
 from __future__ import annotations
@@ -35,9 +42,24 @@ FILLER_WORDS: frozenset[str] = frozenset(
     a an the of for in on at to from by with about into and or
     how what what's which who whom whose why when where is are was were be been do does did
     can could would should will shall i me my we our you your this that these those there
-    best latest please find search show tell give get list some any
+    best latest please some any
     """.split()
 )
+# Filler only before the first content word ("find me the best...", "can you show me..."):
+# later they are terms ("linux find files", "python list comprehension", "git show").
+_REQUEST_VERBS = frozenset("find search show tell give get list".split())
+# Not key terms: left out of the shorter variants ("postgres vs mysql replication" -> "postgres
+# mysql replication"). Prepositions and conjunctions that are filler words are already gone.
+_LINKING_WORDS = frozenset(
+    """
+    vs versus than like per via near between against within across using including except among
+    toward towards after before during since until
+    """.split()
+)
+# Key terms that need the next word: a shorter variant never ends on one ("python not").
+_NEGATIONS = frozenset("not no without never".split())
+_ORDINAL = re.compile(r"\d+(?:st|nd|rd|th)", re.IGNORECASE)
+_WORD_CUTS = (3, 2)
 _YEAR_CONNECTORS = frozenset(
     "in of for since from during until till to through and or between before after".split()
 )
@@ -67,7 +89,7 @@ _UNSPACED_RANGES = (
     (0x20000, 0x3FFFF),  # CJK extensions B and later
 )
 _TRUNCATIONS = (8, 4)
-_LATIN_WORD = re.compile(r"[A-Za-z0-9]+(?:[.'-][A-Za-z0-9]+)*[+#]*")
+_LATIN_WORD = re.compile(r"[A-Za-z0-9_]+(?:[.'-][A-Za-z0-9_]+)*[+#]*")
 
 
 def _is_word_char(char: str) -> bool:
@@ -100,6 +122,15 @@ def _keep_inside_word(text: str, i: int) -> bool:
         return bool(before and after) and _is_word_char(before) and _is_word_char(after)
     if char == ".":
         return before.isdigit() and after.isdigit()
+    if char == "_":
+        # Identifiers: "unique_ptr", "__init__"; a lone "_" between spaces is not a word.
+        start, end = i, i
+        while start > 0 and text[start - 1] == "_":
+            start -= 1
+        while end + 1 < len(text) and text[end + 1] == "_":
+            end += 1
+        edges = text[start - 1 : start] + text[end + 1 : end + 2]
+        return any(_is_word_char(c) for c in edges)
     if char in "+#":
         # "C++", "C#": a run of +/# right after a word and ending it.
         j = i
@@ -133,30 +164,43 @@ def _drop_years(words: list[str]) -> list[str]:
     return kept
 
 
-def _drop_fillers(words: list[str], all_caps: bool) -> list[str]:
-    def is_filler(word: str) -> bool:
-        if not all_caps and len(word) > 1 and word.isupper():
-            return False  # an acronym: WHO, IT, US
-        return word.lower().replace("’", "'") in FILLER_WORDS
+def _is_acronym(word: str, all_caps: bool) -> bool:
+    """WHO, IT, US: kept whatever the word lists say, unless the whole query is in capitals."""
+    return not all_caps and len(word) > 1 and word.isupper()
 
-    return [w for w in words if not is_filler(w)]
+
+def _drop_fillers(words: list[str], all_caps: bool) -> list[str]:
+    kept: list[str] = []
+    for word in words:
+        lowered = word.lower().replace("’", "'")
+        filler = lowered in FILLER_WORDS or (not kept and lowered in _REQUEST_VERBS)
+        if _is_acronym(word, all_caps) or not filler:
+            kept.append(word)
+    return kept
+
+
+def _cut(words: list[str], limit: int, all_caps: bool) -> list[str]:
+    """The first `limit` key terms of `words`, or `words` when it is no longer than that."""
+    if len(words) <= limit:
+        return words
+    terms = [w for w in words if _is_acronym(w, all_caps) or w.lower() not in _LINKING_WORDS]
+    kept = (terms or words)[:limit]
+    while len(kept) > 1 and not _is_acronym(kept[-1], all_caps):
+        last = kept[-1]
+        if last.lower() not in _NEGATIONS and not _ORDINAL.fullmatch(last):
+            break
+        kept.pop()
+    return kept
 
 
 def _spaced_variants(query: str) -> list[str]:
-    cleaned = _strip_special(query)
-    words = cleaned.split()
-    all_caps = cleaned.isupper()
-    steps: list[list[str]] = []
-    for rule in (
-        lambda w: w,
-        _drop_years,
-        lambda w: _drop_fillers(w, all_caps),
-        lambda w: w[:5],
-        lambda w: w[:3],
-    ):
-        words = rule(words) or words  # a rule that would leave nothing is skipped
-        steps.append(words)
-    return [" ".join(w) for w in steps if w]
+    words = _strip_special(query).split()
+    all_caps = " ".join(words).isupper()
+    # Every cleaning step goes into the first variant; one that would leave nothing is skipped.
+    words = _drop_years(words) or words
+    words = _drop_fillers(words, all_caps) or words
+    cuts = [_cut(words, limit, all_caps) for limit in _WORD_CUTS]
+    return [" ".join(w) for w in (words, *cuts) if w]
 
 
 def _tidy_unspaced(text: str) -> str:
@@ -187,14 +231,15 @@ def _unspaced_variants(query: str) -> list[str]:
             chars.append(c)
         else:
             chars.append(c if _keep_inside_word(query, i) else " ")
-    cleaned = _tidy_unspaced("".join(chars))
-    without_years = _tidy_unspaced(_CJK_YEAR.sub(" ", cleaned)) or cleaned
-    variants = [cleaned, without_years]
+    stripped = _tidy_unspaced("".join(chars))
+    # Both cleaning steps go into the first variant; dropping years is skipped if it empties.
+    cleaned = _tidy_unspaced(_CJK_YEAR.sub(" ", stripped)) or stripped
+    variants = [cleaned]
     # Each segment ends where a separator run starts; prefixes keep the original separators.
-    ends = [m.start() for m in _SEPARATOR_RUN.finditer(without_years)]
+    ends = [m.start() for m in _SEPARATOR_RUN.finditer(cleaned)]
     for end in reversed(ends):
-        variants.append(without_years[:end])
-    first = without_years[: ends[0]] if ends else without_years
+        variants.append(cleaned[:end])
+    first = cleaned[: ends[0]] if ends else cleaned
     if len(first) > _TRUNCATIONS[0]:  # only a long segment is worth cutting
         variants.extend(_truncate(first, limit) for limit in _TRUNCATIONS)
     return [v for v in variants if v]
