@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from bench import burst, core, failover, resilience, retries, search
+from bench import burst, core, failover, hostile, resilience, retries, search
 from bench.procs import Pinning, detect_pinning
 from bench.report import Scenario
 from testkit.procs import stop_all
@@ -30,6 +30,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "search": search.run,
     "burst": burst.run,
     "failover": failover.run,
+    "hostile": hostile.run,
 }
 
 

@@ -73,6 +73,9 @@ class Backoff:
 _DELTA_SECONDS = re.compile(r"\d+(?:\.\d+)?")
 
 
+_MAX_DELTA_SECONDS = float(2**31)
+
+
 def parse_retry_after(value: str | None, now_wall: float) -> float | None:
     """Seconds the vendor asks us to wait (RFC 9110 §10.2.3), or None if absent or unreadable."""
     if value is None:
@@ -81,7 +84,9 @@ def parse_retry_after(value: str | None, now_wall: float) -> float | None:
     if not text:
         return None
     if _DELTA_SECONDS.fullmatch(text):
-        return float(text)
+        # RFC 9111 §1.2.2: a delta-seconds too large to represent counts as 2^31 (a long run of
+        # digits would otherwise be an infinite wait no arithmetic downstream survives).
+        return min(float(text), _MAX_DELTA_SECONDS)
     try:
         # Handles IMF-fixdate and the obsolete RFC 850 / asctime forms RFC 9110 §5.6.7 allows.
         when = parsedate_to_datetime(text)

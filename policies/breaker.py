@@ -24,7 +24,7 @@ from policies.core.errors import CircuitOpen, VendorFailure, seconds_text
 from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
-from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
 
 log = structlog.get_logger("search_proxy.breaker")
 
@@ -186,13 +186,18 @@ redis.call('PUBLISH', ARGV[6], ARGV[7])
 return 1
 """
 
-_ACQUIRE_LUA: Final = """
--- KEYS: probe slots; ARGV: token, lease_ms. Returns the index taken, or 0 when all are busy.
+_ACQUIRE_LUA: Final = (
+    LATE_GUARD_LUA
+    + """
+-- KEYS: probe slots; ARGV: token, lease_ms, not-after ms. Returns the index taken, 0 when all
+-- are busy, or -1 when the caller gave up before this ran (a slot nobody would release).
+if too_late(ARGV[3]) then return -1 end
 for i, key in ipairs(KEYS) do
   if redis.call('SET', key, ARGV[1], 'NX', 'PX', ARGV[2]) then return i end
 end
 return 0
 """
+)
 
 _RELEASE_LUA: Final = """
 if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
@@ -241,8 +246,14 @@ class RedisBreakerState:
     async def acquire_probe(self) -> SlotGrant:
         """Take one of the fleet's half-open probe slots (SET NX PX)."""
         token = f"{self._instance}:{next(self._tokens)}"
-        args = (token, self._lease_ms)
-        index = await self._link.run(lambda r: self._acquire(keys=self.slots, args=args, client=r))
+        index = await self._link.run(
+            lambda r: self._acquire(
+                keys=self.slots, args=(token, self._lease_ms, self._link.not_after()), client=r
+            )
+        )
+        if index == LATE:
+            self._link.resync()  # we were still waiting: our idea of Redis's clock is off
+            index = UNAVAILABLE
         if index is UNAVAILABLE:
             return SlotGrant(True)
         if not index:

@@ -19,7 +19,7 @@ from policies.core.clock import Clock
 from policies.core.errors import RateLimited, seconds_text
 from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
-from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.redislink import LATE, UNAVAILABLE, RedisLink
 
 log = structlog.get_logger("search_proxy.ratelimit")
 
@@ -178,10 +178,14 @@ local now = tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000
 
 ACQUIRE_SCRIPT = (
     """
--- ARGV: interval ms, burst, max wait ms. Returns {granted 1|0, wait ms, pause left ms}.
+-- ARGV: interval ms, burst, max wait ms, not-after ms (0: none).
+-- Returns {granted 1|0, wait ms, pause left ms}, or {-1} when the caller gave up before this ran
+-- (a command a stalled Redis ran late must not reserve tokens nobody will use).
 """
     + _TIME_MS
     + """
+local not_after = tonumber(ARGV[4])
+if not_after > 0 and now > not_after then return {-1} end
 local interval = tonumber(ARGV[1])
 local full_at = math.max(tonumber(redis.call('GET', KEYS[1])) or now, now) + interval
 local paused = math.max((tonumber(redis.call('GET', KEYS[2])) or 0) - now, 0)
@@ -245,7 +249,12 @@ class RedisBuckets:
             return Refusal(local_pause, paused=True)
         args = (self._interval_ms, self._burst, f"{max(0.0, max_wait) * 1000:.3f}")
         keys = self.keys(key)
-        result = await self.link.run(lambda r: self._acquire(keys=keys, args=args, client=r))
+        result = await self.link.run(
+            lambda r: self._acquire(keys=keys, args=(*args, self.link.not_after()), client=r)
+        )
+        if result is not UNAVAILABLE and result[0] == LATE:
+            self.link.resync()  # we were still waiting: our idea of Redis's clock is off
+            result = UNAVAILABLE
         if result is UNAVAILABLE:
             return self.local.take(key, max_wait)
         granted, wait_ms, paused_ms = result

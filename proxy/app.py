@@ -6,6 +6,7 @@ Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 import os
@@ -16,18 +17,26 @@ from dataclasses import dataclass, field
 import aiohttp
 import structlog
 from aiohttp import web
-from multidict import CIMultiDictProxy
+from aiohttp.typedefs import Handler
+from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
-from policies.core.errors import ProxyError
+from policies.core.errors import ProxyError, StreamCut
 from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
 from proxy.admin import Admin
 from proxy.config import Config
 from proxy.dialects import error_response
-from proxy.errors import MethodNotAllowed, PayloadTooLarge
+from proxy.errors import (
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    RequestTimeout,
+    ShuttingDown,
+)
 from proxy.forward import request_headers
+from proxy.guard import cut_reason
 from proxy.logs import redact_query
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, Route, build_route
@@ -38,6 +47,10 @@ log = structlog.get_logger("search_proxy")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 CREDENTIAL_HEADERS = ("Authorization", "X-API-KEY", "X-Subscription-Token", "Api-Key")
+# Refused whatever the path: CONNECT would open a tunnel; TRACE and TRACK echo the request,
+# credentials included, back to the caller. No vendor API uses them.
+REFUSED_METHODS = frozenset({"CONNECT", "TRACE", "TRACK"})
+ROUTE_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 
 
 @dataclass
@@ -84,6 +97,54 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
     return body
 
 
+def _request_id(request: web.Request) -> str:
+    """The agent's X-Request-Id when it is safe to log and forward, else a fresh one."""
+    rid = request.headers.get("X-Request-Id", "")
+    return rid if _REQUEST_ID.match(rid) else os.urandom(16).hex()
+
+
+def _refused_method(method: str) -> MethodNotAllowed:
+    if method == "CONNECT":
+        text = (
+            "CONNECT is not supported: this is a reverse proxy; send "
+            "requests to a route prefix such as /tavily/search"
+        )
+    else:
+        text = (
+            f"{method} is not supported: it would echo the request, credentials included; "
+            "send GET or POST to a route prefix such as /tavily/search"
+        )
+    return MethodNotAllowed(text, headers={"Allow": ROUTE_METHODS})
+
+
+def _forwarded_host(request: web.Request, headers: CIMultiDict[str]) -> CIMultiDict[str]:
+    """X-Forwarded-Host from our own view, the Host the agent sent us; never the agent's own."""
+    headers.popall("X-Forwarded-Host", None)
+    host = request.headers.get("Host")
+    if host:
+        headers["X-Forwarded-Host"] = host
+    return headers
+
+
+def _error_answer(
+    err: ProxyError, rid: str, route: Route | None, flow: Flow | None
+) -> web.Response:
+    """A proxy-made error in the route's vendor dialect, with what the flow knows."""
+    if flow is not None:
+        err.attempts = max(err.attempts, flow.attempts)
+        err.route = err.route or flow.route
+    elif route is not None:
+        err.route = err.route or route.name
+    vendor = route.profile.dialect if route is not None and route.profile else None
+    response = error_response(err, rid, vendor)
+    if flow is not None:
+        response.headers.update(flow.reply_headers)
+        response.headers["X-Proxy-Attempts"] = str(flow.attempts)
+    if isinstance(err, RequestTimeout | ShuttingDown):
+        response.force_close()  # the connection closes after this answer
+    return response
+
+
 async def _answer(request: web.Request, reply: Reply, flow: Flow) -> web.StreamResponse:
     """Turn a reply into the agent's response, streaming it chunk by chunk when it is a stream."""
     headers = reply.headers
@@ -108,18 +169,15 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     state = request.app[STATE]
     clock = state.clock
     started = clock.now()
-    rid = request.headers.get("X-Request-Id", "")
-    if not _REQUEST_ID.match(rid):
-        rid = os.urandom(16).hex()
+    rid = _request_id(request)
     route: Route | None = None
     flow: Flow | None = None
     status = 500
+    cut: str | None = None  # why the proxy cut the exchange short, if it did
+    answering = False
     try:
-        if request.method == "CONNECT":
-            raise MethodNotAllowed(
-                "CONNECT is not supported: this is a reverse proxy; send "
-                "requests to a route prefix such as /tavily/search"
-            )
+        if request.method in REFUSED_METHODS:
+            raise _refused_method(request.method)
         route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
         route.metrics.in_flight.inc()
         body = await _read_body(request, state.config.server.max_body_bytes)
@@ -129,13 +187,16 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             method=request.method,
             path=target.rest if route.config.strip_prefix else route.config.prefix + target.rest,
             query_string=target.query_string,
-            headers=request_headers(
-                request.headers,
-                set_headers=route.set_headers,
-                remove=route.remove_headers,
-                client_ip=request.remote,
-                proto=request.scheme,
-                request_id=rid,
+            headers=_forwarded_host(
+                request,
+                request_headers(
+                    request.headers,
+                    set_headers=route.set_headers,
+                    remove=route.remove_headers,
+                    client_ip=request.remote,
+                    proto=request.scheme,
+                    request_id=rid,
+                ),
             ),
             body=body,
             request_id=rid,
@@ -145,22 +206,35 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
         )
         reply = await route.handler(flow)
         status = reply.status
+        answering = True
         response = await _answer(request, reply, flow)
     except ProxyError as err:
         status = err.status
-        if flow is not None:
-            err.attempts = max(err.attempts, flow.attempts)
-            err.route = err.route or flow.route
-        elif route is not None:
-            err.route = err.route or route.name
-        vendor = route.profile.dialect if route is not None and route.profile else None
-        response = error_response(err, rid, vendor)
-        if flow is not None:
-            response.headers.update(flow.reply_headers)
-            response.headers["X-Proxy-Attempts"] = str(flow.attempts)
-    except ConnectionResetError:
-        status = 499  # the agent went away mid-stream
+        response = _error_answer(err, rid, route, flow)
+    except StreamCut as stopped:
+        # The status line is sent: end the connection before the last chunk, so the agent
+        # sees a cut answer; the log line says why.
+        cut = stopped.error.type
+        if request.transport is not None:
+            request.transport.close()
+        response = web.StreamResponse(status=status)  # not sent: the connection is gone
+    except ConnectionError:
+        # The agent went away, or read nothing of a streamed answer for send_timeout.
+        status, cut = 499, cut_reason(request) or "client_gone"
         raise
+    except asyncio.CancelledError:
+        cut = cut_reason(request) or "cancelled"
+        task = asyncio.current_task()
+        if cut != "shutdown" or answering or task is None:
+            raise  # mid-stream, the status already sent stands; the log line says it was cut
+        # Outlived shutdown_grace before any answer: tell the agent rather than drop it.
+        task.uncancel()
+        stopping = ShuttingDown(
+            "the proxy is shutting down and this request outlived server.shutdown_grace; "
+            "send it again"
+        )
+        status = stopping.status
+        response = _error_answer(stopping, rid, route, flow)
     finally:
         elapsed = clock.now() - started
         if route is not None:
@@ -168,7 +242,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             upstream_s = flow.upstream_seconds + flow.waited_seconds if flow else 0.0
             route.metrics.observe(status, elapsed, elapsed - upstream_s)
         if state.log_requests:
-            _log_request(request, rid, route, flow, status, elapsed)
+            _log_request(request, rid, route, flow, status, elapsed, cut)
     return response
 
 
@@ -179,8 +253,10 @@ def _log_request(
     flow: Flow | None,
     status: int,
     elapsed: float,
+    cut: str | None = None,
 ) -> None:
-    """The one access-log line of a request; credentials are redacted by the log processor."""
+    """The one access-log line of a request; credentials are redacted by the log processor.
+    `cut`: why the proxy cut it short (shutdown, send_timeout, client_gone), if it did."""
     log.info(
         "request",
         request_id=rid,
@@ -195,6 +271,8 @@ def _log_request(
         retries=flow.retry_reasons or None if flow else None,
         cache=flow.cache if flow else None,
         breaker=flow.breaker if flow else None,
+        provider=flow.provider if flow else None,
+        cut=cut,
     )
 
 
@@ -249,6 +327,38 @@ async def admin_endpoint(request: web.Request) -> web.Response:
     return await request.app[STATE].admin.dispatch(request)  # type: ignore[union-attr]
 
 
+@web.middleware
+async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamResponse:
+    """aiohttp's router answers some requests itself, in plain text: a method a reserved
+    endpoint does not take, a CONNECT authority-form target, a body past client_max_size.
+    Those answers take our JSON shape like every other error the proxy writes."""
+    try:
+        return await handler(request)
+    except web.HTTPException as exc:
+        err: ProxyError
+        if request.method in REFUSED_METHODS:
+            err = _refused_method(request.method)
+        elif isinstance(exc, web.HTTPMethodNotAllowed):
+            allowed = ", ".join(sorted(exc.allowed_methods))
+            err = MethodNotAllowed(
+                f"{request.method} {request.path} is not supported; use {allowed}",
+                headers={"Allow": allowed},
+            )
+        elif isinstance(exc, web.HTTPNotFound):
+            err = NotFound(
+                f"{request.raw_path!r} is not a path this proxy serves; send requests to a "
+                "route prefix such as /tavily/search"
+            )
+        elif isinstance(exc, web.HTTPRequestEntityTooLarge):
+            limit = request.app[STATE].config.server.max_body_bytes
+            err = PayloadTooLarge(
+                f"request body exceeds the limit of {limit} bytes; send a smaller request"
+            )
+        else:
+            raise
+        return error_response(err, _request_id(request))
+
+
 # ---------------------------------------------------------------------------------------------
 # Assembly
 
@@ -278,7 +388,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         )
         state.metrics.redis_up.set(1)
     deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)
-    state.routes = {name: build_route(cfg, deps) for name, cfg in state.config.routes.items()}
+    for name, cfg in state.config.routes.items():
+        deps.routes[name] = build_route(cfg, deps)
+    state.routes = deps.routes
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
     state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
     state.admin = Admin(state.routes, state.config.server.admin_token)
@@ -302,7 +414,9 @@ def build_app(
     """The proxy as an aiohttp application (start it with web.run_app or an AppRunner)."""
     # Bodies are bounded by our own check so the agent gets the JSON 413, not aiohttp's text one;
     # the +1 lets aiohttp's own limit sit just past ours.
-    app = web.Application(client_max_size=config.server.max_body_bytes + 1)
+    app = web.Application(
+        client_max_size=config.server.max_body_bytes + 1, middlewares=[own_error_shape]
+    )
     app[STATE] = ProxyState(
         config=config,
         clock=clock,
@@ -315,6 +429,7 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_route("*", "/v1/search", search_endpoint)
+    app.router.add_get("/openapi.json", SearchApi.openapi)
     app.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
     app.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
     app.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,7 +19,15 @@ from aiohttp import web
 from proxy import __version__
 from proxy.app import build_app
 from proxy.config import REDACTED, Config, ConfigError, ConfigErrors, load_config, redacted
+from proxy.guard import (
+    CUT_MARGIN_S,
+    LISTEN_BACKLOG,
+    GuardedRunner,
+    OverloadLog,
+    connection_budget,
+)
 from proxy.logs import configure_logging
+from proxy.startup import check_startup
 
 EXIT_CONFIG = 2
 
@@ -39,7 +48,7 @@ def _parser() -> argparse.ArgumentParser:
         help="YAML config to serve (default: %(default)s)",
     )
     parser.add_argument("--host", help="override server.host")
-    parser.add_argument("--port", type=int, help="override server.port (0 = any free port)")
+    parser.add_argument("--port", type=_port, help="override server.port (0 = any free port)")
     parser.add_argument("--version", action="version", version=f"search-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", title="commands")
     check = commands.add_parser(
@@ -55,16 +64,36 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
+def _port(text: str) -> int:
+    """--port: 0 to 65535; anything else is a usage error (exit 2)."""
+    if not text.isascii() or not text.isdigit() or int(text) > 65535:
+        raise argparse.ArgumentTypeError(f"expected a port from 0 to 65535, got {text!r}")
+    return int(text)
+
+
+# A value quoted in an error may hold a newline or a terminal escape: one error, one line.
+_CONTROL = {i: f"\\x{i:02x}" for i in (*range(32), 127)} | {10: "\\n", 13: "\\r", 9: "\\t"}
+
+
 def _report(exc: ConfigError) -> None:
     """Every error of a bad config, one line each, on stderr."""
     for error in exc.errors if isinstance(exc, ConfigErrors) else (exc,):
-        print(f"search-proxy: config error: {error}", file=sys.stderr)
+        line = str(error).translate(_CONTROL)
+        print(f"search-proxy: config error: {line}", file=sys.stderr)
+
+
+def _load(path: str) -> Config:
+    """The config in `path`, parsed and built as start-up builds it (no port, no Redis command):
+    a config this returns cannot fail start-up; anything else is a ConfigError."""
+    config = load_config(path)
+    asyncio.run(check_startup(config))
+    return config
 
 
 def check_config(path: str) -> int:
     """Validate a config file and print the effective config, secrets redacted."""
     try:
-        config = load_config(path)
+        config = _load(path)
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG
@@ -77,17 +106,35 @@ def check_config(path: str) -> int:
 
 
 async def serve(config: Config, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT, then drain in-flight requests within shutdown_grace."""
+    """Serve until SIGTERM or SIGINT, then drain: in-flight requests get shutdown_grace, those
+    still running are cut (answered 503 shutting_down, or logged `cut: shutdown` mid-stream) and
+    the process exits within shutdown_grace plus about a second."""
     log = structlog.get_logger("search_proxy")
+    loop = asyncio.get_running_loop()
+    max_connections, open_files = connection_budget(config.server)
+    overload = OverloadLog(loop.time, loop.call_at, max_connections)
+    loop.set_exception_handler(overload)  # asyncio's failed accepts: one line per interval
+    if max_connections < config.server.max_connections:
+        log.warning(
+            "max_connections_lowered",
+            max_connections=max_connections,
+            configured=config.server.max_connections,
+            open_files_limit=open_files,
+            hint="raise the open-files limit (ulimit -n) to allow more agents' connections",
+        )
+    limits = dataclasses.replace(config.server, max_connections=max_connections)
     app = build_app(config)
-    runner = web.AppRunner(
+    runner = GuardedRunner(
         app,
+        limits,
+        overload,
         access_log=None,
-        shutdown_timeout=config.server.shutdown_grace,
+        # By cleanup time the drain below has ended every request: this only bounds stragglers.
+        shutdown_timeout=CUT_MARGIN_S,
         handle_signals=False,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=1024, reuse_address=True)
+    site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True)
     await site.start()
     bound = runner.addresses[0]
     log.info(
@@ -96,15 +143,22 @@ async def serve(config: Config, host: str, port: int) -> None:
         port=bound[1],
         routes={name: r.prefix for name, r in config.routes.items()},
         redis="configured" if config.redis else "in-process state",
+        max_connections=max_connections,
     )
     stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
     await stop.wait()
-    log.info("shutting_down", grace_s=config.server.shutdown_grace)
+    grace = config.server.shutdown_grace
+    deadline = loop.time() + grace
+    log.info(
+        "shutting_down", grace_s=grace, in_flight=runner.guarded.in_flight if runner.guarded else 0
+    )
+    await runner.stop_accepting()
+    cut = await runner.drain(deadline)
     await runner.cleanup()
-    log.info("stopped")
+    overload.flush()
+    log.info("stopped", cut=cut)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -117,7 +171,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.command == "check-config":
         return check_config(opts.file)
     try:
-        config = load_config(opts.config)
+        config = _load(opts.config)
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG

@@ -6,6 +6,8 @@ duration like 10s, got "ten"`). Unknown keys are errors: a typo must not silentl
 
 from __future__ import annotations
 
+import ipaddress
+import math
 import os
 import re
 from collections.abc import Callable, Iterable, Iterator, Mapping
@@ -22,7 +24,9 @@ import yaml
 
 from policies.breaker import BreakerConfig
 from policies.cache import CacheConfig
+from policies.core.errors import seconds_text
 from policies.core.outcome import RETRY_CONDITIONS, Outcome
+from policies.failover import FallbackConfig
 from policies.profiles import (
     BUILTIN_PROFILES,
     QUERY_KINDS,
@@ -38,7 +42,7 @@ from proxy.logs import SECRET_KEYS
 T = TypeVar("T")
 
 # Paths the proxy answers itself; no route may claim them.
-RESERVED_PATHS = ("/healthz", "/readyz", "/metrics", "/admin", "/v1/search")
+RESERVED_PATHS = ("/healthz", "/readyz", "/metrics", "/admin", "/v1/search", "/openapi.json")
 SECRET_HEADERS = frozenset(
     h.lower()
     for h in (
@@ -54,12 +58,40 @@ SECRET_HEADERS = frozenset(
 RETRY_WORDS = ("429", "5xx", *RETRY_CONDITIONS)
 
 
+# A config is a few levels deep; yaml's composer recurses once per level and overflows the
+# stack near 330, and aliases can make a small file expand without bound.
+MAX_CONFIG_BYTES = 1024 * 1024
+MAX_DEPTH = 64
+MAX_VALUES = 100_000
+
+
+class _Refused(yaml.MarkedYAMLError):
+    """A document PyYAML would read, refused because reading it further would exhaust us."""
+
+
 class _Loader(yaml.SafeLoader):
-    """SafeLoader with YAML 1.2 booleans: only true/false, so `on:` (retry.on) stays a key."""
+    """SafeLoader with YAML 1.2 booleans (only true/false, so `on:` (retry.on) stays a key) and
+    no timestamps (a date stays a string); it refuses nesting deeper than MAX_DEPTH."""
+
+    _depth = 0
+
+    def compose_node(self, parent: yaml.Node | None, index: int) -> yaml.Node | None:
+        self._depth += 1
+        try:
+            if self._depth > MAX_DEPTH:
+                mark = self.peek_event().start_mark  # type: ignore[no-untyped-call]
+                raise _Refused(problem=f"nested deeper than {MAX_DEPTH} levels", problem_mark=mark)
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
 
 _Loader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != "tag:yaml.org,2002:bool"]
+    first: [
+        (tag, rx)
+        for tag, rx in resolvers
+        if tag not in ("tag:yaml.org,2002:bool", "tag:yaml.org,2002:timestamp")
+    ]
     for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()
 }
 _Loader.add_implicit_resolver(
@@ -152,7 +184,13 @@ class ServerConfig:
     admin_token: str | None = None
     upstream_connections: int = 256
     upstream_connections_per_host: int = 64
-    keepalive_timeout: float = 15.0
+    keepalive_timeout: float = 15.0  # the upstream pool's idle connections
+    # Limits on agents' connections (nginx's defaults; see proxy/guard.py).
+    header_timeout: float = 60.0
+    body_timeout: float = 60.0
+    send_timeout: float = 60.0
+    client_keepalive_timeout: float = 75.0
+    max_connections: int = 1000
 
 
 @dataclass(frozen=True)
@@ -194,6 +232,9 @@ class RouteConfig:
     breaker: BreakerConfig | None = None
     cache: CacheConfig | None = None
     search: SearchConfig | None = None
+    fallback: FallbackConfig | None = None
+    # The largest answer read from the vendor, counted after decompression.
+    max_response_bytes: int = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -235,18 +276,47 @@ _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
+_FIELD_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 §5.5: only tab is allowed
+# What a `${VAR}` may yield for a number or a boolean: ints, decimals, YAML 1.2 true/false.
+_WHOLE = re.compile(r"^\s*[0-9]+\s*$")
+_DECIMAL = re.compile(r"^\s*[0-9]+(?:\.[0-9]+)?\s*$")
+_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
+# RFC 3986 pchar less pct-encoded: unreserved, sub-delims, ":" and "@".
+_PATH_CHARS = frozenset(
+    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/"
+)
+_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
+# Durations end up in timers and Redis expiries; longer than a year is a typo, not a policy.
+MAX_DURATION = 365 * 86400.0
 
 
 def parse_duration(value: Any, path: str) -> float:
-    """`250ms`, `10s`, `5m`, `1h` (or a bare number of seconds) to seconds."""
+    """`250ms`, `10s`, `5m`, `1h` (or a bare number of seconds, also as a `${VAR}` string) to
+    seconds, at most a year."""
+    if isinstance(value, str) and _DECIMAL.match(value):
+        value = float(value)
     if isinstance(value, bool):
         raise ConfigError(path, f"expected a duration like 10s, got {value!r}")
-    if isinstance(value, int | float) and value >= 0:
-        return float(value)
-    m = _DURATION.match(value) if isinstance(value, str) else None
-    if not m:
-        raise ConfigError(path, f'expected a duration like 10s, got "{value}"')
-    return float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if isinstance(value, int | float):
+        seconds = float(value) if 0 <= value <= MAX_DURATION else math.nan
+    else:
+        m = _DURATION.match(value) if isinstance(value, str) else None
+        if not m:
+            raise ConfigError(path, f'expected a duration like 10s, got "{value}"')
+        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
+    if not 0 <= seconds <= MAX_DURATION:  # also NaN
+        raise ConfigError(path, f"expected a duration from 0 to 365 days, got {value!r}")
+    return seconds
+
+
+def _positive_duration(value: Any, path: str, maximum: float = MAX_DURATION) -> float:
+    """A duration where 0 makes no sense (a timeout every attempt would hit at once)."""
+    seconds = parse_duration(value, path)
+    if not 0 < seconds <= maximum:
+        raise ConfigError(
+            path, f"expected a duration above 0 and at most {seconds_text(maximum)}, got {value!r}"
+        )
+    return seconds
 
 
 def parse_size(value: Any, path: str) -> int:
@@ -256,33 +326,81 @@ def parse_size(value: Any, path: str) -> int:
     m = _SIZE.match(value) if isinstance(value, str) else None
     if not m:
         raise ConfigError(path, f'expected a size like 1MiB, got "{value}"')
-    return int(float(m.group(1)) * _SIZE_UNITS[m.group(2)])
+    # Decimal: a long digit string overflows a float to inf, and int(inf) raises.
+    return int(Decimal(m.group(1)) * _SIZE_UNITS[m.group(2)])
 
 
 def parse_rate(value: Any, path: str) -> float:
     """`10/s`, `600/m`, `3600/h` to tokens per second."""
     m = _RATE.match(value) if isinstance(value, str) else None
-    if not m or float(m.group(1)) <= 0:
+    count = float(m.group(1)) if m else 0.0
+    if not m or not 0 < count < math.inf:
         raise ConfigError(path, f'expected a rate like 10/s or 600/m, got "{value}"')
-    return float(m.group(1)) / _DURATION_UNITS[m.group(2)]
+    return count / _DURATION_UNITS[m.group(2)]
 
 
-def _int(value: Any, path: str, minimum: int = 0) -> int:
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ConfigError(path, f"expected a whole number >= {minimum}, got {value!r}")
+def _bounds(minimum: float, maximum: float | None) -> str:
+    return f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
+
+
+def _int(value: Any, path: str, minimum: int = 0, maximum: int | None = None) -> int:
+    """A whole number in range; a string of digits (from `${VAR}`) counts as one."""
+    if isinstance(value, str) and _WHOLE.match(value):
+        value = int(value)
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int)
+        or value < minimum
+        or (maximum is not None and value > maximum)
+    ):
+        raise ConfigError(
+            path, f"expected a whole number {_bounds(minimum, maximum)}, got {value!r}"
+        )
     return value
 
 
-def _float(value: Any, path: str, minimum: float = 0.0) -> float:
-    if isinstance(value, bool) or not isinstance(value, int | float) or value < minimum:
-        raise ConfigError(path, f"expected a number >= {minimum}, got {value!r}")
-    return float(value)
+def _float(value: Any, path: str, minimum: float = 0.0, maximum: float | None = None) -> float:
+    """A finite number in range; a decimal string (from `${VAR}`) counts as one."""
+    if isinstance(value, str) and _DECIMAL.match(value):
+        value = float(value)
+    number = float(value) if isinstance(value, float) else math.nan
+    if isinstance(value, int) and not isinstance(value, bool):
+        number = float(value) if abs(value) < 2**63 else math.inf  # float(10**400) raises
+    top = math.inf if maximum is None else maximum
+    if not minimum <= number <= top or number == math.inf:
+        raise ConfigError(path, f"expected a number {_bounds(minimum, maximum)}, got {value!r}")
+    return number
 
 
 def _bool(value: Any, path: str) -> bool:
+    """true or false; the strings YAML 1.2 reads as booleans (from `${VAR}`) count too."""
+    if isinstance(value, str) and value.strip() in _BOOLS:
+        return _BOOLS[value.strip()]
     if not isinstance(value, bool):
         raise ConfigError(path, f"expected true or false, got {value!r}")
     return value
+
+
+def _port(value: Any, path: str) -> int:
+    """A port to listen on; 0 picks a free one."""
+    return _int(value, path, 0, 65535)
+
+
+def _is_host(host: str) -> bool:
+    """A DNS name (ASCII; write an IDN in its xn-- form) or an IP address."""
+    try:
+        ipaddress.ip_address(host)
+        return True
+    except ValueError:
+        labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
+        return len(host) <= 253 and all(_DNS_LABEL.match(label) for label in labels)
+
+
+def _host(value: Any, path: str) -> str:
+    host = _str(value, path)
+    if not _is_host(host):
+        raise ConfigError(path, f"expected a host name or an IP address, got {host!r}")
+    return host
 
 
 def _str(value: Any, path: str) -> str:
@@ -371,14 +489,19 @@ def _server(raw: Any, path: str) -> ServerConfig:
         path,
         ServerConfig,
         {
-            "host": _str,
-            "port": lambda v, p: _int(v, p, 0),
+            "host": _host,
+            "port": _port,
             "max_body_bytes": parse_size,
             "shutdown_grace": parse_duration,
             "admin_token": _str,
             "upstream_connections": lambda v, p: _int(v, p, 1),
             "upstream_connections_per_host": lambda v, p: _int(v, p, 0),
             "keepalive_timeout": parse_duration,
+            "header_timeout": _positive_duration,
+            "body_timeout": _positive_duration,
+            "send_timeout": _positive_duration,
+            "client_keepalive_timeout": _positive_duration,
+            "max_connections": lambda v, p: _int(v, p, 1),
         },
     )
 
@@ -388,10 +511,18 @@ def _redis(raw: Any, path: str) -> RedisConfig:
         raw,
         path,
         RedisConfig,
-        {"url": _str, "key_prefix": _str, "timeout": parse_duration},
+        {"url": _str, "key_prefix": _str, "timeout": _positive_duration},
     )
-    if urlsplit(cfg.url).scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(_join(path, "url"), f"expected a redis:// URL, got {cfg.url!r}")
+    where = _join(path, "url")
+    try:
+        parts = urlsplit(cfg.url)
+        port = parts.port
+    except ValueError as exc:  # `redis://[::1`, a port out of range or not a number
+        raise ConfigError(where, f"{exc}: {cfg.url!r}") from None
+    if parts.scheme not in ("redis", "rediss", "unix"):
+        raise ConfigError(where, f"expected a redis:// URL, got {cfg.url!r}")
+    if port == 0:
+        raise ConfigError(where, f"port must be from 1 to 65535: {cfg.url!r}")
     return cfg
 
 
@@ -412,7 +543,11 @@ def _timeouts(raw: Any, path: str) -> Timeouts:
         raw,
         path,
         Timeouts,
-        {"connect": parse_duration, "per_try": parse_duration, "total": parse_duration},
+        {
+            "connect": _positive_duration,
+            "per_try": _positive_duration,
+            "total": _positive_duration,
+        },
     )
     if t.per_try > t.total:
         raise ConfigError(_join(path, "per_try"), "must not exceed timeouts.total")
@@ -423,9 +558,9 @@ def _headers(raw: Any, path: str) -> HeaderRules:
     data = _mapping(raw, path, ("set", "remove"))
     set_raw = _mapping(data.get("set"), _join(path, "set"), tuple(data.get("set") or {}))
     for name, value in set_raw.items():
-        if not _HEADER_NAME.match(str(name)):
+        if not isinstance(name, str) or not _HEADER_NAME.match(name):
             raise ConfigError(_join(path, f"set.{name}"), "not a valid header name")
-        if not isinstance(value, str) or "\n" in value or "\r" in value:
+        if not isinstance(value, str) or _FIELD_CONTROL.search(value):
             raise ConfigError(_join(path, f"set.{name}"), "expected a one-line string value")
     remove = _str_list(data.get("remove", []), _join(path, "remove"))
     return HeaderRules(set=MappingProxyType(dict(set_raw)), remove=remove)
@@ -456,20 +591,35 @@ def _retry_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[Outcome]
     return frozenset(statuses), frozenset(conditions)
 
 
-_RETRY_PARSERS: dict[str, Callable[[Any, str], Any]] = {
-    "attempts": lambda v, p: _int(v, p, 1),
-    "on": _retry_on,
-    "backoff": lambda v, p: _section(
-        v,
-        p,
+def _backoff(raw: Any, path: str) -> BackoffConfig:
+    cfg = _section(
+        raw,
+        path,
         BackoffConfig,
         {
-            "initial": parse_duration,
+            "initial": _positive_duration,
             "max": parse_duration,
-            "multiplier": lambda v, p: _float(v, p, 1.0),
+            "multiplier": lambda v, p: _float(v, p, 1.0, 100.0),
             "jitter": lambda v, p: _choice(v, p, ("full", "decorrelated", "none")),
         },
-    ),
+    )
+    if cfg.initial > cfg.max:
+        given = raw if isinstance(raw, dict) else {}
+        key, other = ("max", "initial") if "max" in given else ("initial", "max")
+        default = "" if other in given else ", the default"
+        bound = "at least" if key == "max" else "at most"
+        shown = seconds_text(getattr(cfg, other))
+        raise ConfigError(_join(path, key), f"must be {bound} backoff.{other} ({shown}{default})")
+    return cfg
+
+
+# More attempts than this only multiply the load on a vendor that is already failing.
+MAX_ATTEMPTS = 10
+
+_RETRY_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "attempts": lambda v, p: _int(v, p, 1, MAX_ATTEMPTS),
+    "on": _retry_on,
+    "backoff": _backoff,
     "retry_after": lambda v, p: _section(
         v, p, RetryAfterConfig, {"honor": _bool, "max_wait": parse_duration}
     ),
@@ -494,7 +644,7 @@ def _rate_limit(raw: Any, path: str) -> RateLimitConfig:
         RateLimitConfig,
         {
             "rate": parse_rate,
-            "burst": lambda v, p: _int(v, p, 1),
+            "burst": lambda v, p: _int(v, p, 1, 1_000_000),
             "key": lambda v, p: _choice(v, p, ("route", "client")),
             "client_header": _str,
             "max_wait": parse_duration,
@@ -511,20 +661,22 @@ def _breaker(raw: Any, path: str) -> BreakerConfig:
         BreakerConfig,
         {
             "fail_max": lambda v, p: _int(v, p, 1),
-            "reset_timeout": parse_duration,
+            # The shared breaker record lives a day: a longer open circuit would be forgotten.
+            "reset_timeout": lambda v, p: _positive_duration(v, p, 86400.0),
             "success_threshold": lambda v, p: _int(v, p, 1),
-            "half_open_probes": lambda v, p: _int(v, p, 1),
+            # One Redis slot key per probe.
+            "half_open_probes": lambda v, p: _int(v, p, 1, 100),
         },
     )
 
 
 def _cache(raw: Any, path: str) -> CacheConfig:
-    return _section(
+    cfg = _section(
         raw,
         path,
         CacheConfig,
         {
-            "ttl": parse_duration,
+            "ttl": _positive_duration,
             "stale_ttl": parse_duration,
             "max_entry_bytes": parse_size,
             "methods": _methods,
@@ -532,9 +684,21 @@ def _cache(raw: Any, path: str) -> CacheConfig:
             "shared": _bool,
             "max_entries": lambda v, p: _int(v, p, 1),
             "max_bytes": parse_size,
+            # 0 is meaningful: no cross-replica fetch lock (see FetchLock.acquire).
             "lock_wait": parse_duration,
         },
     )
+    given = raw if isinstance(raw, dict) else {}
+    if cfg.max_entry_bytes < 1:
+        raise ConfigError(_join(path, "max_entry_bytes"), "must be at least 1 byte")
+    if cfg.max_entry_bytes > cfg.max_bytes:
+        if "max_entry_bytes" in given:
+            where, why = "max_entry_bytes", f"must not exceed max_bytes ({cfg.max_bytes} bytes)"
+        else:
+            where = "max_bytes"
+            why = f"must be at least max_entry_bytes ({cfg.max_entry_bytes} bytes, the default)"
+        raise ConfigError(_join(path, where), why)
+    return cfg
 
 
 def _search(raw: Any, path: str) -> SearchConfig:
@@ -553,13 +717,40 @@ def _search(raw: Any, path: str) -> SearchConfig:
     )
 
 
+def _fallback(raw: Any, path: str) -> FallbackConfig:
+    cfg = _section(
+        raw,
+        path,
+        FallbackConfig,
+        {
+            "providers": _str_list,
+            "prefer": lambda v, p: _choice(v, p, ("stale", "fresh")),
+            "exhausted_for": parse_duration,
+        },
+        required=("providers",),
+    )
+    if not cfg.providers:
+        raise ConfigError(_join(path, "providers"), "expected at least one route name")
+    return cfg
+
+
 def _upstream(value: Any, path: str) -> str:
     url = _str(value, path)
-    parts = urlsplit(url)
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:  # `http://[::1`, a port out of range or not a number
+        raise ConfigError(path, f"not a usable URL ({exc}): {url!r}") from None
     if parts.scheme not in ("http", "https") or not parts.hostname:
         raise ConfigError(path, f"expected an http(s) URL like https://api.tavily.com, got {url!r}")
     if parts.query or parts.fragment or parts.username or parts.password:
         raise ConfigError(path, "must not carry a query, fragment or credentials")
+    if not _is_host(parts.hostname):
+        raise ConfigError(
+            path, f"{parts.hostname!r} is not a host name (ASCII, or xn--) or an IP address"
+        )
+    if port == 0:
+        raise ConfigError(path, f"the port must be from 1 to 65535, got 0 in {url!r}")
     return url.rstrip("/")
 
 
@@ -569,6 +760,13 @@ def _prefix(value: Any, path: str) -> str:
         raise ConfigError(path, f"expected a path like /tavily (no trailing slash), got {prefix!r}")
     if any(seg in (".", "..") for seg in prefix.split("/")) or "%" in prefix:
         raise ConfigError(path, f"must not contain dot segments or percent-escapes: {prefix!r}")
+    bad = sorted(set(prefix) - _PATH_CHARS)
+    if bad:
+        raise ConfigError(
+            path,
+            f"{', '.join(map(repr, bad))} cannot appear in a path prefix (RFC 3986 path "
+            f"characters only: letters, digits, -._~!$&'()*+,;=:@ and /): {prefix!r}",
+        )
     for reserved in RESERVED_PATHS:
         if (
             prefix == reserved
@@ -590,13 +788,22 @@ _ROUTE_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "breaker": _breaker,
     "cache": _cache,
     "search": _search,
+    "fallback": _fallback,
+    "max_response_bytes": lambda v, p: _int(parse_size(v, p), p, 1),
 }
 
 
-def _route_sections(name: str, raw: Any, path: str, collect: _Collector) -> dict[str, Any]:
+def _route_sections(name: Any, raw: Any, path: str, collect: _Collector) -> dict[str, Any]:
     """The sections of one route that parse; each bad one is recorded with its own errors."""
-    if not _ROUTE_NAME.match(str(name)):
-        collect.add(path, "route names are lower-case letters, digits, - and _")
+    if not isinstance(name, str):
+        # A bare `123:` is a number in YAML; metrics, logs and Redis keys need a string.
+        collect.add(path, f'a route name must be a string: quote it, as in "{name}":')
+    elif not _ROUTE_NAME.match(name):
+        collect.add(
+            path,
+            "a route name is 1-63 lower-case letters, digits, - and _, starting with a letter "
+            f"or digit, got {name!r}",
+        )
     data = collect.keys(raw, path, tuple(_ROUTE_PARSERS), required=("prefix", "upstream"))
     return collect.parse(data, path, _ROUTE_PARSERS)
 
@@ -846,7 +1053,11 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         profiles_raw = _mapping(given, "profiles", tuple(given) if isinstance(given, dict) else ())
     for name, body in profiles_raw.items():
         with collect.part():
-            profiles[name] = _profile(name, body, _join("profiles", str(name)))
+            where = _join("profiles", str(name))
+            if not isinstance(name, str):
+                hint = f'quote it, as in "{name}":'
+                raise ConfigError(where, f"a profile name must be a string: {hint}")
+            profiles[name] = _profile(name, body, where)
     vendors = profiles.keys() | profiles_raw.keys()  # a broken profile has its own errors
 
     routes_raw = data.get("routes", {})
@@ -874,6 +1085,17 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
                 f"routes.{name}.search.vendor",
                 f"unknown vendor {search.vendor!r} (known: {', '.join(sorted(profiles))})",
             )
+
+    for name, route in routes.items():
+        for i, other in enumerate(route.fallback.providers if route.fallback else ()):
+            where = f"routes.{name}.fallback.providers[{i}]"
+            if route.search is None:
+                collect.add(f"routes.{name}.fallback", "needs the route's search section")
+                break
+            if other not in routes and other in routes_raw:
+                continue  # that route's own errors are reported
+            if other == name or other not in routes or routes[other].search is None:
+                collect.add(where, f"{other!r} is not another route with a search section")
 
     search_api = sections.get("search_api", SearchApiConfig())
     for i, provider in enumerate(search_api.providers):
@@ -913,19 +1135,102 @@ _SECTION_PARSERS: dict[str, Callable[[Any, str], Any]] = {
 
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
     """Read and validate a YAML file; every failure is a ConfigError."""
+    return parse_config(read_document(path), env)
+
+
+def read_document(path: str | Path) -> Any:
+    """The YAML document in file `path`. A file that cannot be read, is not UTF-8, is not YAML,
+    repeats a key, or is too big, deep or alias-expanded to handle is a ConfigError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, "rb") as file:
+            data = file.read(MAX_CONFIG_BYTES + 1)
     except OSError as exc:
-        raise ConfigError("", f"cannot read config {path}: {exc.strerror}") from None
+        raise ConfigError("", f"cannot read config {path}: {exc.strerror or exc}") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError("", f"config {path} is larger than {MAX_CONFIG_BYTES} bytes")
     try:
-        raw = yaml.load(text, Loader=_Loader)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        line = data.count(b"\n", 0, exc.start) + 1
         raise ConfigError(
-            "", f"{path} is not valid YAML{where}: {getattr(exc, 'problem', exc)}"
+            "", f"{path} is not UTF-8 text: byte 0x{data[exc.start]:02x} on line {line}"
         ) from None
-    return parse_config(raw, env)
+    try:
+        loader = _Loader(text)  # refuses non-printable characters already
+        try:
+            node = loader.get_single_node()
+            if node is None:
+                return None
+            duplicates = _duplicate_keys(loader, node)
+            if duplicates:
+                raise ConfigErrors(duplicates)
+            return loader.construct_document(node)
+        finally:
+            loader.dispose()
+    except yaml.YAMLError as exc:
+        raise ConfigError("", _yaml_problem(path, exc, text)) from None
+    except ValueError as exc:  # a scalar its explicit tag cannot hold: `!!timestamp 2024-02-30`
+        raise ConfigError("", f"{path} is not valid YAML: {exc}") from None
+
+
+def _duplicate_keys(loader: _Loader, root: yaml.Node) -> list[ConfigError]:
+    """Every key repeated in its mapping (YAML would silently keep the last), walking the
+    document as aliases expand it: too deep (an alias inside itself) or too big is refused."""
+    problems: list[ConfigError] = []
+    checked: set[int] = set()  # an aliased mapping is visited once per alias, checked once
+    stack: list[tuple[yaml.Node, str, int]] = [(root, "", 1)]
+    visited = 0
+    while stack:
+        node, path, depth = stack.pop()
+        visited += 1
+        if depth > MAX_DEPTH:
+            limit = f"nested deeper than {MAX_DEPTH} levels"
+        elif visited > MAX_VALUES:
+            limit = f"more than {MAX_VALUES} values"
+        else:
+            limit = ""
+        if limit:
+            raise _Refused(problem=f"{limit} once aliases expand", problem_mark=node.start_mark)
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend((item, f"{path}[{i}]", depth + 1) for i, item in enumerate(node.value))
+        elif isinstance(node, yaml.MappingNode):
+            first: dict[Any, yaml.Node] = {}
+            check = id(node) not in checked
+            checked.add(id(node))
+            for key_node, value_node in node.value:
+                where = path
+                if key_node.tag != "tag:yaml.org,2002:merge":  # `<<: *base` overrides by design
+                    key = _scalar_key(loader, key_node)
+                    where = _join(path, str(key))
+                    if check and key in first:
+                        line = first[key].start_mark.line + 1
+                        problems.append(ConfigError(where, f"duplicate key (first at line {line})"))
+                    elif key is not _NOT_SCALAR:
+                        first[key] = key_node
+                stack.append((value_node, where, depth + 1))
+    return sorted(problems, key=lambda e: e.path)
+
+
+_NOT_SCALAR = object()  # a collection as a key: construction refuses it as unhashable
+
+
+def _scalar_key(loader: _Loader, node: yaml.Node) -> Any:
+    if not isinstance(node, yaml.ScalarNode):
+        return _NOT_SCALAR
+    return loader.construct_object(node)
+
+
+def _yaml_problem(path: str | Path, exc: yaml.YAMLError, text: str) -> str:
+    """One line saying where and why PyYAML (or our limits) refused the document."""
+    if isinstance(exc, yaml.reader.ReaderError):
+        line = text.count("\n", 0, exc.position) + 1
+        char = exc.character if isinstance(exc.character, int) else ord(exc.character)
+        return f"{path} is not valid YAML at line {line}: {exc.reason} (#x{char:04x})"
+    mark = getattr(exc, "problem_mark", None)
+    where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+    problem = " ".join(str(getattr(exc, "problem", None) or exc).split())
+    verdict = "is refused" if isinstance(exc, _Refused) else "is not valid YAML"
+    return f"{path} {verdict}{where}: {problem}"
 
 
 # ---------------------------------------------------------------------------------------------

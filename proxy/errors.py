@@ -3,7 +3,7 @@ failed); each extends a category of the core hierarchy in policies/core/errors.p
 
 from __future__ import annotations
 
-from policies.core.errors import ClientFault, ProxyError, VendorFailure
+from policies.core.errors import ClientFault, LocalRefusal, ProxyError, VendorFailure
 
 
 class NotFound(ClientFault):
@@ -38,3 +38,39 @@ class ProvidersRefused(ProxyError):
 
     status = 502
     type = "all_providers_refused"
+
+
+# Errors of the connection itself (proxy/guard.py), answered before or instead of a route.
+
+
+class RequestTimeout(ClientFault):
+    """The agent's request headers or body stalled past server.header_timeout/body_timeout."""
+
+    status = 408
+    type = "request_timeout"
+
+
+class HttpVersionNotSupported(ClientFault):
+    status = 505
+    type = "http_version_not_supported"
+
+
+class TooManyConnections(LocalRefusal):
+    """server.max_connections agents' connections are open; this one is refused at once."""
+
+    status = 503
+    type = "too_many_connections"
+
+
+class ShuttingDown(LocalRefusal):
+    """The proxy is stopping and this request outlived server.shutdown_grace."""
+
+    status = 503
+    type = "shutting_down"
+
+
+class InternalError(ProxyError):
+    """A bug: the request met an exception nothing else handled (its traceback is logged)."""
+
+    status = 500
+    type = "internal_error"

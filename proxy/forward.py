@@ -1,23 +1,32 @@
 """Forwarding one attempt to a route's upstream over the process's pooled ClientSession.
 
 The upstream URL is built from the route's configured scheme, host and port, never from the
-request, so nothing a caller sends can steer a request to another host.
+request, so nothing a caller sends can steer a request to another host. Every way the exchange
+can fail is translated here, at the boundary, into one of our error types.
 """
 
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable, Iterable
+import re
+import weakref
+from collections.abc import AsyncIterator, Callable, Iterable
 
 import aiohttp
+from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from policies.backoff import attempt_timeout
 from policies.core.clock import Clock
 from policies.core.errors import (
+    AttemptFailed,
     DeadlineExceeded,
+    StreamCut,
+    UpstreamInvalidResponse,
+    UpstreamPoolExhausted,
     UpstreamTimeout,
+    UpstreamTooLarge,
     UpstreamUnreachable,
     seconds_text,
 )
@@ -43,6 +52,8 @@ HOP_BY_HOP = frozenset(
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
 # aiohttp decodes compressed bodies, so the vendor's framing headers no longer describe them.
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
+# What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
+_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
 
 
@@ -79,9 +90,14 @@ def request_headers(
 
 
 def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
-    """The vendor's headers less hop-by-hop and the framing aiohttp's decoding invalidated."""
+    """The vendor's headers less hop-by-hop, the framing aiohttp's decoding invalidated, and
+    any with a control character (aiohttp reads them, but refuses to write them on)."""
     drop = _RESPONSE_DROP | _connection_listed(upstream)
-    return CIMultiDict((k, v) for k, v in upstream.items() if k.lower() not in drop)
+    return CIMultiDict(
+        (k, v)
+        for k, v in upstream.items()
+        if k.lower() not in drop and not _CONTROL.search(k) and not _CONTROL.search(v)
+    )
 
 
 def is_stream(resp: aiohttp.ClientResponse) -> bool:
@@ -93,6 +109,101 @@ def is_stream(resp: aiohttp.ClientResponse) -> bool:
     if ctype in STREAM_TYPES:
         return True
     return resp.content_length is None and "json" not in ctype and resp.method != "HEAD"
+
+
+class _Slot:
+    """One pooled connection's worth of room, held from before the request until its response
+    is released; `release` is idempotent."""
+
+    __slots__ = ("_held",)
+
+    def __init__(self, *held: asyncio.Semaphore) -> None:
+        self._held = held
+
+    def release(self) -> None:
+        for semaphore in self._held:
+            semaphore.release()
+        self._held = ()
+
+    def hand_over(self) -> _Slot:
+        """A new slot holding what this one held; this one is left empty."""
+        taken, self._held = _Slot(*self._held), ()
+        return taken
+
+
+class PoolFull(Exception):
+    """No slot within the wait; `scope` names the limit: "host" or "total"."""
+
+    def __init__(self, scope: str, limit: int) -> None:
+        super().__init__(scope)
+        self.scope = scope
+        self.limit = limit
+
+
+class PoolSlots:
+    """Our own queue in front of a connector's pool, with the same limits (per host, in all).
+
+    aiohttp counts the wait for a free pooled connection in its connect timeout, so pool
+    exhaustion looked like a slow vendor. Waiting here first, for as many slots as aiohttp has
+    connections, makes the pool wait ours: timed and reported on its own (`UpstreamPoolExhausted`)
+    while aiohttp's own wait stays empty.
+    """
+
+    def __init__(self, limit: int, per_host: int) -> None:
+        self.limit = limit
+        self.per_host = per_host
+        self._total = asyncio.Semaphore(limit) if limit else None
+        self._hosts: dict[tuple[str, int, bool], asyncio.Semaphore] = {}
+
+    async def acquire(self, host: tuple[str, int, bool], wait: float) -> _Slot:
+        """A slot for one request to `host`, or PoolFull after `wait` seconds."""
+        held: list[asyncio.Semaphore] = []
+        try:
+            if self.per_host:
+                semaphore = self._hosts.get(host)
+                if semaphore is None:
+                    semaphore = self._hosts[host] = asyncio.Semaphore(self.per_host)
+                await self._take(semaphore, wait, "host", self.per_host)
+                held.append(semaphore)
+            if self._total is not None:
+                await self._take(self._total, wait, "total", self.limit)
+                held.append(self._total)
+        except BaseException:
+            _Slot(*held).release()
+            raise
+        return _Slot(*held)
+
+    @staticmethod
+    async def _take(semaphore: asyncio.Semaphore, wait: float, scope: str, limit: int) -> None:
+        if not semaphore.locked():
+            await semaphore.acquire()  # free: returns without yielding
+            return
+        try:
+            async with asyncio.timeout(wait):
+                await semaphore.acquire()
+        except TimeoutError:
+            raise PoolFull(scope, limit) from None
+
+
+# One PoolSlots per connector (the process's one session), made on first use.
+_POOLS: weakref.WeakKeyDictionary[aiohttp.BaseConnector, PoolSlots] = weakref.WeakKeyDictionary()
+
+
+def pool_slots(session: aiohttp.ClientSession) -> PoolSlots | None:
+    """The slots mirroring `session`'s connector limits; None when it has no connector."""
+    connector = session.connector
+    if connector is None:
+        return None
+    slots = _POOLS.get(connector)
+    if slots is None:
+        slots = _POOLS[connector] = PoolSlots(connector.limit, connector.limit_per_host)
+    return slots
+
+
+def _one_line(text: str, limit: int = 100) -> str:
+    """aiohttp's parser message as one short line (it spans lines and quotes the raw bytes)."""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[:limit] + "..."
 
 
 class Upstream:
@@ -117,6 +228,10 @@ class Upstream:
         self.per_try = route.timeouts.per_try
         self.total = route.timeouts.total
         self.connect = route.timeouts.connect
+        self.max_bytes = route.max_response_bytes
+        self.slots = pool_slots(session)
+        # aiohttp's pool key: routes to one origin share its per-host limit.
+        self.pool_key = (base.host, base.port or 0, base.scheme == "https")
 
     def url(self, flow: Flow) -> URL:
         """The upstream URL for a flow: the route's origin, base path and the confined path."""
@@ -131,8 +246,20 @@ class Upstream:
         )
 
     async def __call__(self, flow: Flow) -> Reply:
-        now = self.clock.now()
-        budget = attempt_timeout(now, flow.deadline, self.per_try)
+        budget = self._budget(flow)
+        slot = await self._slot(flow, budget)
+        try:
+            budget = self._budget(flow)
+            flow.attempts += 1
+            reply = await self._exchange(flow, budget, slot)
+        finally:
+            if slot is not None:
+                slot.release()  # a no-op once a streamed reply took it over
+        return reply
+
+    def _budget(self, flow: Flow) -> float:
+        """Seconds this attempt may take; DeadlineExceeded when none are left."""
+        budget = attempt_timeout(self.clock.now(), flow.deadline, self.per_try)
         if budget <= 0:
             raise DeadlineExceeded(
                 f"{self.route}: total deadline of {seconds_text(self.total)} exceeded after "
@@ -140,7 +267,36 @@ class Upstream:
                 route=self.route,
                 attempts=flow.attempts,
             )
-        flow.attempts += 1
+        return budget
+
+    async def _slot(self, flow: Flow, budget: float) -> _Slot | None:
+        """Wait for room in the connection pool, at most the connect timeout."""
+        if self.slots is None:
+            return None
+        wait = min(self.connect, budget)
+        started = self.clock.now()
+        try:
+            return await self.slots.acquire(self.pool_key, wait)
+        except PoolFull as full:
+            if full.scope == "host":
+                what = f"all {full.limit} connections to {self.host} are busy"
+                setting = "server.upstream_connections_per_host"
+            else:
+                what = f"all {full.limit} upstream connections of the proxy are busy"
+                setting = "server.upstream_connections"
+            raise UpstreamPoolExhausted(
+                f"{self.route}: {what} (waited {seconds_text(wait)} for one); "
+                f"raise {setting} or retry in 1s",
+                route=self.route,
+                attempts=flow.attempts,
+                retry_after_s=1.0,
+            ) from None
+        finally:
+            flow.waited_seconds += self.clock.now() - started
+
+    async def _exchange(self, flow: Flow, budget: float, slot: _Slot | None) -> Reply:
+        """One request and its answer; every failure leaves as one of our error types."""
+        now = self.clock.now()
         timeout = aiohttp.ClientTimeout(total=None, connect=self.connect, sock_read=self.per_try)
         resp: aiohttp.ClientResponse | None = None
         try:
@@ -154,15 +310,27 @@ class Upstream:
                     allow_redirects=False,
                 )
                 headers = response_headers(resp.headers)
+                declared = resp.content_length if flow.method != "HEAD" else None
+                if declared is not None and declared > self.max_bytes:
+                    raise self._too_large(flow, declared)
                 if is_stream(resp):
-                    return Reply(
-                        resp.status,
-                        headers,
-                        stream=resp.content.iter_any(),
-                        release=resp.release,
-                    )
-                body = await resp.read()
+                    return self._streamed(flow, resp, headers, slot)
+                body = await self._read(flow, resp)
                 return Reply(resp.status, headers, body)
+        except AttemptFailed:
+            if resp is not None:
+                resp.close()
+            raise
+        except aiohttp.ConnectionTimeoutError:
+            raise UpstreamUnreachable(
+                f"{self.route}: cannot connect to the upstream within "
+                f"{seconds_text(self.connect)} {self._attempt_text(flow)}; try again shortly "
+                "or use another provider",
+                route=self.route,
+                attempts=flow.attempts,
+                outcome=Outcome.CONNECT_ERROR,
+                reason=f"no connection within {seconds_text(self.connect)}",
+            ) from None
         except TimeoutError:
             if resp is not None:
                 resp.close()
@@ -198,20 +366,13 @@ class Upstream:
                 attempts=flow.attempts,
                 outcome=Outcome.CONNECT_ERROR,
             ) from None
-        except aiohttp.ClientResponseError as exc:
-            # Broken framing or headers from the vendor (bad status line, chunk size ...).
+        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+            # Broken framing, headers or encoding (bad status line, chunk size, gzip ...), or a
+            # body cut short of its declared length.
             if resp is not None:
                 resp.close()
-            raise UpstreamUnreachable(
-                f"{self.route}: the upstream sent a response the proxy cannot parse "
-                f"({type(exc).__name__}: {exc.message[:80]}) {self._attempt_text(flow)}; "
-                "try again shortly or use another provider",
-                route=self.route,
-                attempts=flow.attempts,
-                outcome=Outcome.RESET,
-                reason="sent a broken response",
-            ) from None
-        except (aiohttp.ClientPayloadError, aiohttp.ClientConnectionError) as exc:
+            raise self._broken(flow, exc) from None
+        except aiohttp.ClientError as exc:
             # After a connection was made (connect failures are caught above): disconnects,
             # resets while sending or reading (ClientConnectionResetError is no ClientOSError).
             if resp is not None:
@@ -228,6 +389,110 @@ class Upstream:
             flow.upstream_seconds += elapsed
             if self.observe is not None:
                 self.observe(elapsed)
+
+    async def _read(self, flow: Flow, resp: aiohttp.ClientResponse) -> bytes:
+        """The whole (decoded) body, read chunk by chunk and never past `max_bytes`.
+
+        aiohttp inflates a compressed body only as fast as it is read, so stopping here also
+        stops the inflating: a gzip bomb costs at most the limit.
+        """
+        body = bytearray()
+        async for chunk in resp.content.iter_any():
+            if len(body) + len(chunk) > self.max_bytes:
+                raise self._too_large(flow)
+            body += chunk
+        resp.release()
+        return bytes(body)
+
+    def _streamed(
+        self,
+        flow: Flow,
+        resp: aiohttp.ClientResponse,
+        headers: CIMultiDict[str],
+        slot: _Slot | None,
+    ) -> Reply:
+        """A reply passing the body through chunk by chunk; it owns the pool slot from here."""
+        taken = _Slot() if slot is None else slot.hand_over()
+
+        def release() -> None:
+            resp.release()
+            taken.release()
+
+        return Reply(resp.status, headers, stream=self._relay(flow, resp, taken), release=release)
+
+    async def _relay(
+        self, flow: Flow, resp: aiohttp.ClientResponse, slot: _Slot
+    ) -> AsyncIterator[bytes]:
+        """The upstream body as it arrives; past `max_bytes` the upstream is closed and the
+        stream ends with StreamCut, as it does when the upstream breaks off."""
+        sent = 0
+        try:
+            async for chunk in resp.content.iter_any():
+                sent += len(chunk)
+                if sent > self.max_bytes:
+                    raise StreamCut(self._too_large(flow))
+                yield chunk
+        except TimeoutError:  # sock_read: aiohttp's SocketTimeoutError is a ClientError too
+            raise StreamCut(
+                UpstreamTimeout(
+                    f"{self.route}: the upstream sent nothing for {seconds_text(self.per_try)} "
+                    "mid-stream",
+                    route=self.route,
+                    attempts=flow.attempts,
+                )
+            ) from None
+        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+            raise StreamCut(self._broken(flow, exc)) from None
+        except aiohttp.ClientError as exc:
+            raise StreamCut(
+                UpstreamUnreachable(
+                    f"{self.route}: the upstream closed the connection mid-stream "
+                    f"({type(exc).__name__})",
+                    route=self.route,
+                    attempts=flow.attempts,
+                    outcome=Outcome.RESET,
+                )
+            ) from None
+        finally:
+            resp.close()  # a no-op for a body read to its end: the connection is back already
+            slot.release()
+
+    def _broken(self, flow: Flow, exc: aiohttp.ClientError) -> AttemptFailed:
+        """The error for a response that is not valid HTTP, or a body cut short."""
+        cause = exc.__cause__
+        if isinstance(exc, aiohttp.ClientResponseError):
+            detail = exc.message
+        elif isinstance(cause, HttpProcessingError):
+            detail = cause.message
+        else:
+            detail = str(exc)
+        if isinstance(exc, aiohttp.ClientPayloadError) and not isinstance(
+            cause, ContentEncodingError
+        ):
+            return UpstreamUnreachable(
+                f"{self.route}: the upstream closed the connection before a complete answer "
+                f"({_one_line(detail)}) {self._attempt_text(flow)}; try again shortly",
+                route=self.route,
+                attempts=flow.attempts,
+                outcome=Outcome.RESET,
+            )
+        return UpstreamInvalidResponse(
+            f"{self.route}: the upstream sent a broken HTTP response ({_one_line(detail)}) "
+            f"{self._attempt_text(flow)}; try again shortly or use another provider",
+            route=self.route,
+            attempts=flow.attempts,
+        )
+
+    def _too_large(self, flow: Flow, declared: int | None = None) -> UpstreamTooLarge:
+        what = f"is {declared} bytes, over" if declared is not None else "ran past"
+        return UpstreamTooLarge(
+            f"{self.route}: the upstream's answer {what} this route's max_response_bytes of "
+            f"{self.max_bytes} (counted decompressed); it was not read further and is not "
+            "retried; ask for fewer results, or raise the route's max_response_bytes",
+            route=self.route,
+            attempts=flow.attempts,
+            reason=f"answered over {self.max_bytes} bytes",
+        )
 
     def _attempt_text(self, flow: Flow) -> str:
         return f"(attempt {flow.attempts} of {flow.max_attempts})"

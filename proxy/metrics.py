@@ -164,6 +164,13 @@ class Metrics:
             ["provider", "outcome"],
             registry=r,
         )
+        self.failovers = Counter(
+            "search_proxy_failovers",
+            "Fallback providers asked for a failed search route, by result (answered, empty, "
+            "failed, skipped).",
+            ["route", "provider", "result"],
+            registry=r,
+        )
         self.redis_up = Gauge(
             "search_proxy_redis_up",
             "1 while Redis answers, 0 while shared state runs in-process.",
@@ -213,6 +220,9 @@ class Metrics:
 
     def search_variant(self, route: str, outcome: str) -> None:
         self.search_variants.labels(route, outcome).inc()
+
+    def failover(self, route: str, provider: str, result: str) -> None:
+        self.failovers.labels(route, provider, result).inc()
 
     def redis_state(self, up: bool) -> None:
         self.redis_up.set(1 if up else 0)

@@ -25,6 +25,7 @@ from policies.core.events import Events
 from policies.core.flow import Handler, Policy, Reply, compose
 from policies.core.outcome import Classifier, Outcome, status_outcome
 from policies.core.redislink import RedisLink
+from policies.failover import Exhausted, Failover, Provider
 from policies.profiles import VendorProfile, ratelimit_hint
 from policies.ratelimit import Hint, RateLimit, bucket_store, quota_hint
 from policies.retry import NO_RETRY, Retry
@@ -64,6 +65,52 @@ class Deps:
     clock: Clock
     metrics: Metrics
     redis: RedisLink | None
+    # Every route of the app by name, filled in as they are built (failover looks up its
+    # fallbacks when first needed), and the fleet-wide record of exhausted plans.
+    routes: dict[str, Route] = field(default_factory=dict)
+    exhausted: Exhausted | None = None
+
+
+def _as_provider(route: Route) -> Provider:
+    """Another route, as a failover fallback."""
+    assert route.profile is not None  # config only accepts routes with a search section
+    breaker = route.breaker
+    missing = route.missing_key is not None
+    return Provider(
+        name=route.name,
+        profile=route.profile,
+        handler=route.handler,
+        classify=route.classify,
+        headers=route.set_headers,
+        total=route.config.timeouts.total,
+        available=lambda: not missing and (breaker is None or breaker.state != "open"),
+    )
+
+
+def _failover(cfg: RouteConfig, profile: VendorProfile, classify: Classifier, deps: Deps) -> Policy:
+    fallback = cfg.fallback
+    assert fallback is not None
+    found: list[Provider] = []
+
+    def providers() -> list[Provider]:
+        if not found:
+            found.extend(_as_provider(deps.routes[name]) for name in fallback.providers)
+        return found
+
+    if deps.exhausted is None:
+        deps.exhausted = Exhausted(deps.clock, deps.redis)
+    injects_key = any(name.lower() in SECRET_HEADERS for name in cfg.headers.set)
+    return Failover(
+        cfg.name,
+        profile,
+        classify,
+        fallback,
+        providers,
+        deps.exhausted,
+        deps.clock,
+        deps.metrics,
+        shared_key=injects_key,
+    )
 
 
 def _profile_hint(profile: VendorProfile, clock: Clock) -> Hint:
@@ -107,6 +154,11 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     policies: list[Policy] = []
     if search is not None and profile is not None:
         policies.append(SearchGuard(cfg.name, profile, search, classify, clock, events))
+    failover = None
+    if cfg.fallback is not None and profile is not None:
+        failover = _failover(cfg, profile, classify, deps)
+        if cfg.fallback.prefer == "stale":  # outside the cache: stale entries answer first
+            policies.append(failover)
     cache = None
     if cfg.cache is not None:
         cache = StaleCache(
@@ -118,6 +170,8 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             storable=_storable(classify) if profile is not None else default_storable,
         )
         policies.append(cache)
+    if failover is not None and cfg.fallback is not None and cfg.fallback.prefer == "fresh":
+        policies.append(failover)  # inside the cache: stale only when the fallbacks fail too
     breaker = None
     if cfg.breaker is not None:
         # A probe's fleet-wide slot lasts as long as the probe itself may.

@@ -26,6 +26,7 @@ from policies.cache import (
     freshness,
     request_directives,
 )
+from policies.cache.key import MAX_CANONICAL_DEPTH
 from policies.core.clock import SYSTEM_CLOCK, Clock, ManualClock
 from policies.core.errors import (
     BadRequest,
@@ -251,6 +252,20 @@ def test_a_non_json_body_counts_byte_for_byte() -> None:
 
 def test_an_invalid_utf8_query_string_does_not_collide_with_another() -> None:
     assert key(query="q=%FF") != key(query="q=%FE")
+
+
+@pytest.mark.parametrize("depth", [MAX_CANONICAL_DEPTH + 1, 300, 5000, 200_000])
+def test_json_nested_past_the_canonical_depth_counts_byte_for_byte(depth: int) -> None:
+    body = b'{"query": "x", "a": ' + b"[" * depth + b"]" * depth + b"}"
+    assert key(body) == key(body)
+    assert key(body) != key(body.replace(b'"x"', b'"y"'))
+    assert key(body) != key(body.replace(b", ", b","))  # no canonical form this deep
+
+
+def test_json_at_the_canonical_depth_is_still_canonical() -> None:
+    depth = MAX_CANONICAL_DEPTH - 1  # the top-level object is the first level
+    inner = b"[" * depth + b"]" * depth
+    assert key(b'{"query": "x", "a": ' + inner + b"}") == key(b'{"a":' + inner + b',"query":"x"}')
 
 
 @pytest.mark.parametrize(

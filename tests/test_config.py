@@ -136,8 +136,8 @@ def test_duplicate_prefix():
 
 
 def test_wrong_types():
-    assert error_of(minimal(retry={"attempts": "3"})) == (
-        "routes.tavily.retry.attempts: expected a whole number >= 1, got '3'"
+    assert error_of(minimal(retry={"attempts": "three"})) == (
+        "routes.tavily.retry.attempts: expected a whole number from 1 to 10, got 'three'"
     )
     assert error_of(minimal(retry={"on": ["sometimes"]})).startswith("routes.tavily.retry.on[0]:")
     assert error_of(minimal(rate_limit={"rate": "fast", "burst": 2})).startswith(

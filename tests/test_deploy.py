@@ -811,6 +811,40 @@ def test_image_config_passes_check_config(monkeypatch: pytest.MonkeyPatch) -> No
     assert config.redis is None and "${" not in IMAGE_CONFIG.read_text()
 
 
+# What the proxy needs besides its in-process caches: about 65 MB idle, under 150 MB serving.
+PROXY_WITHOUT_CACHES = 96 * 2**20
+MEMORY_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "K": 10**3, "M": 10**6, "G": 10**9, "": 1}
+
+
+def memory_bytes(quantity: str) -> int:
+    """A Kubernetes memory quantity (`256Mi`, `1Gi`, `512M`) in bytes."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|K|M|G|)", str(quantity))
+    assert m, f"unexpected memory quantity {quantity!r}"
+    return int(m.group(1)) * MEMORY_UNITS[m.group(2)]
+
+
+def test_worst_case_cache_memory_fits_each_proxy_containers_memory_limit(
+    builds: dict[str, list[dict[str, Any]]], tmp_path: Path
+) -> None:
+    """Every cached route may fill its in-process LRU to `cache.max_bytes`; all of them together,
+    plus the proxy itself, must stay under the container's limit, or the kernel kills it."""
+    for name, docs in builds.items():
+        path = tmp_path / f"{name}.yaml"
+        path.write_text(find(docs, "ConfigMap")[0]["data"]["config.yaml"])
+        config = load_config(path, env=proxy_env(docs))
+        caches = {r.name: r.cache.max_bytes for r in config.routes.values() if r.cache}
+        assert caches, f"{name}: no cached routes: this check would prove nothing"
+        for _, pod in pod_specs(docs):
+            for container in proxy_containers(pod):
+                limit = memory_bytes(container["resources"]["limits"]["memory"])
+                cached = sum(caches.values())
+                assert cached + PROXY_WITHOUT_CACHES <= limit, (
+                    f"{name}: {len(caches)} cached routes may hold {cached >> 20} MiB "
+                    f"(cache.max_bytes each: {caches}), plus ~{PROXY_WITHOUT_CACHES >> 20} MiB for "
+                    f"the proxy, over the container's memory limit of {limit >> 20} MiB"
+                )
+
+
 # ---------------------------------------------------------------------------------------------
 # yamllint, docker-compose
 

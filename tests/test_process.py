@@ -132,7 +132,7 @@ def test_every_config_mistake_is_reported_before_listening(tmp_path):
     )
     expected = [
         'routes.tavily.timeouts.per_try: expected a duration like 10s, got "ten"',
-        "routes.tavily.retry.attempts: expected a whole number >= 1, got 0",
+        "routes.tavily.retry.attempts: expected a whole number from 1 to 10, got 0",
         "routes.brave.upstream: expected an http(s) URL like https://api.tavily.com, got "
         "'ftp://brave'",
     ]

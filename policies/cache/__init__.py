@@ -6,7 +6,7 @@ Pure decisions in `key` and `entry`, byte stores in `store`, the cross-replica f
 from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
 from policies.cache.key import Directives, cache_key, request_directives
-from policies.cache.lock import FetchLock, LockState, LockStore, Poll
+from policies.cache.lock import FetchLock, Lease, LockState, LockStore, Poll
 from policies.cache.policy import StaleCache
 from policies.cache.store import (
     CacheStore,
@@ -25,6 +25,7 @@ __all__ = [
     "Entry",
     "FetchLock",
     "Freshness",
+    "Lease",
     "LockState",
     "LockStore",
     "MemoryStore",

@@ -16,5 +16,7 @@ class CacheConfig:
     ignore_body_fields: tuple[str, ...] = ()
     shared: bool = False
     max_entries: int = 10_000
-    max_bytes: int = 256 * 1024 * 1024
+    # Per route and per process: the sum over a config's cached routes is what the cache may
+    # hold in memory (deploy/k8s sets 16 MiB per route to fit its 256 MiB sidecar).
+    max_bytes: int = 32 * 1024 * 1024
     lock_wait: float = 2.0

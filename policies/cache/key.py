@@ -53,13 +53,28 @@ def _text(value: str, field: str | None) -> str:
     return " ".join(value.split()) if field in _QUERY_FIELDS else value
 
 
-def _canonical(value: Any, field: str | None = None) -> Any:
+# Deeper JSON counts byte for byte: no search request nests this far, recursion stays far from
+# Python's limit, and orjson refuses to serialise past 255 levels.
+MAX_CANONICAL_DEPTH = 64
+
+
+class _TooDeep(Exception):
+    pass
+
+
+def _canonical(value: Any, field: str | None = None, depth: int = 0) -> Any:
     if isinstance(value, str):
         return _text(value, field)
+    if depth >= MAX_CANONICAL_DEPTH:
+        if isinstance(value, dict | list):
+            raise _TooDeep
+        return value
     if isinstance(value, dict):
-        return {unicodedata.normalize("NFC", k): _canonical(v, k) for k, v in value.items()}
+        return {
+            unicodedata.normalize("NFC", k): _canonical(v, k, depth + 1) for k, v in value.items()
+        }
     if isinstance(value, list):
-        return [_canonical(v, field) for v in value]
+        return [_canonical(v, field, depth + 1) for v in value]
     return value
 
 
@@ -68,10 +83,9 @@ def _body_part(body: bytes, ignored: tuple[str, ...]) -> tuple[bytes, list[str]]
     if not body:
         return b"", []
     try:
-        data = orjson.loads(body)
-    except orjson.JSONDecodeError:
+        data = _canonical(orjson.loads(body))
+    except (orjson.JSONDecodeError, _TooDeep):
         return b"r" + body, []
-    data = _canonical(data)
     credentials: list[str] = []
     if isinstance(data, dict):
         for name in ignored:
@@ -118,7 +132,7 @@ def cache_key(
 
     JSON bodies count with sorted keys, Unicode NFC and whitespace runs collapsed in `query`/`q`
     fields; `cfg.ignore_body_fields` and `api_key` are dropped from the top-level object. Any
-    other body counts byte for byte.
+    other body, and JSON nested deeper than MAX_CANONICAL_DEPTH, counts byte for byte.
     """
     params, query_credentials = _query_part(query_string)
     body_part, body_credentials = _body_part(body, cfg.ignore_body_fields)

@@ -5,15 +5,12 @@ from __future__ import annotations
 
 import enum
 import math
+import secrets
 from typing import NamedTuple, Protocol
 
 from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry, Freshness, freshness
 from policies.core.clock import Clock
-
-# A crashed leader's lock blocks other replicas' followers no longer than their lock_wait, and
-# expires after this at the latest.
-_MAX_LOCK_TTL = 120.0
 
 
 class LockState(enum.Enum):
@@ -22,6 +19,16 @@ class LockState(enum.Enum):
     ACQUIRED = "acquired"  # we fetch; other replicas wait for our entry
     HELD = "held"  # another replica is fetching this key
     ABSENT = "absent"  # no shared lock (no Redis, or it is down): fetch without one
+
+
+class Lease(NamedTuple):
+    """What `FetchLock.acquire` got: the state, and the owner token when ACQUIRED."""
+
+    state: LockState
+    token: str = ""
+
+
+NO_LEASE = Lease(LockState.ABSENT)
 
 
 class Poll(NamedTuple):
@@ -34,25 +41,31 @@ class Poll(NamedTuple):
 class LockStore(Protocol):
     """The part of a cache store that keeps the fetch locks."""
 
-    async def lock(self, key: str, ttl: float) -> LockState:
-        """Take the cross-replica fetch lock for `key` for at most `ttl` seconds."""
+    async def lock(self, key: str, token: str, ttl: float) -> LockState:
+        """Take the cross-replica fetch lock for `key` as `token`, for at most `ttl` seconds;
+        a request to take it that reaches the store after its caller gave up takes nothing."""
         ...
 
     async def poll(self, key: str) -> Poll:
         """One look at the shared tier while another replica fetches `key`."""
         ...
 
-    async def unlock(self, key: str) -> None:
-        """Release the fetch lock without storing."""
+    async def unlock(self, key: str, token: str) -> None:
+        """Release the fetch lock without storing, if `token` still holds it."""
         ...
 
 
 class FetchLock:
     """One route's fetch lock across replicas, kept in its store (SET NX PX in Redis).
 
-    `acquire` takes it until the caller's deadline; its owner releases it by storing the entry
-    (`put(..., unlock=True)`) or with `release`. A request that finds it held `wait`s for the
-    owner's entry, then fetches itself when none came.
+    `acquire` takes it for `lock_wait` under a fresh owner token; its owner releases it by
+    storing the entry (`put(..., unlock=token)`) or with `release`, and only the owner can. A
+    request that finds it held `wait`s for the owner's entry, then fetches itself when none came.
+
+    Why `lock_wait` and not the leader's whole call: a follower waits at most `lock_wait` anyway,
+    so a longer lock would only hold back requests arriving later, and a lock whose leader is
+    gone (crashed, or its SET reached a stalled Redis after it had moved on) lapses within
+    `lock_wait`. A leader slower than that may see another replica lead the next call.
     """
 
     def __init__(
@@ -63,15 +76,14 @@ class FetchLock:
         self.clock = clock
         self.poll_interval = poll_interval
 
-    async def acquire(self, key: str, deadline: float) -> LockState:
-        """Take the lock for `key`; ABSENT when `lock_wait` is 0 or there is no shared tier."""
-        if self.cfg.lock_wait > 0:
-            remaining = deadline - self.clock.now()
-            # The lock outlives the leader's call (bounded by its deadline), so only its owner
-            # ever deletes it; a crashed leader's lock still expires.
-            ttl = min(max(remaining, self.cfg.lock_wait), _MAX_LOCK_TTL)
-            return await self.store.lock(key, ttl)
-        return LockState.ABSENT
+    async def acquire(self, key: str, deadline: float) -> Lease:
+        """Take the lock for `key`; ABSENT when `lock_wait` is 0, there is no shared tier, or
+        the caller has no time left to use it."""
+        if self.cfg.lock_wait <= 0 or deadline <= self.clock.now():
+            return NO_LEASE
+        token = secrets.token_hex(8)
+        state = await self.store.lock(key, token, self.cfg.lock_wait)
+        return Lease(state, token) if state is LockState.ACQUIRED else Lease(state)
 
     async def wait(
         self, key: str, deadline: float, seen: Entry | None
@@ -98,6 +110,7 @@ class FetchLock:
                 return None
             await self.clock.sleep(min(self.poll_interval, left))
 
-    async def release(self, key: str) -> None:
+    async def release(self, key: str, lease: Lease) -> None:
         """Release a lock taken by `acquire` when no entry was stored."""
-        await self.store.unlock(key)
+        if lease.state is LockState.ACQUIRED:
+            await self.store.unlock(key, lease.token)

@@ -44,7 +44,7 @@ class StaleCache:
     fails (429, 5xx, or a non-client ProxyError); one vendor call per key at a time.
 
     Coalescing: in one process, identical requests wait for the first one's call and get a copy
-    of its answer. Across replicas (`FetchLock`), the first takes a Redis lock (SET NX PX); a
+    of its answer. Across replicas (`FetchLock`), the first takes a Redis lock for lock_wait; a
     request on another replica that finds it held polls the shared tier every `poll_interval` for
     at most min(cfg.lock_wait, time left before its deadline), then calls the vendor itself. It
     stops early when a new fresh entry appears (served as a hit) or the lock is released without
@@ -173,15 +173,15 @@ class StaleCache:
     async def _fetch(
         self, flow: Flow, call_next: Handler, key: str, fallback: Entry | None, fwd: str
     ) -> Reply:
-        lock = await self.fetch_lock.acquire(key, flow.deadline)
-        if lock is LockState.HELD:
+        lease = await self.fetch_lock.acquire(key, flow.deadline)
+        if lease.state is LockState.HELD:
             arrived = await self.fetch_lock.wait(key, flow.deadline, fallback)
             if arrived is not None:
                 entry, age = arrived
                 self.events.coalesced(self.route)
                 self._mark(flow, "hit")
                 return self._hit(entry, age)
-        locked = lock is LockState.ACQUIRED
+        locked = lease.state is LockState.ACQUIRED
         stored = False
         try:
             try:
@@ -205,7 +205,7 @@ class StaleCache:
                     return stale
             elif self._storable(reply):
                 entry = entry_from_reply(reply, self.clock.wall())
-                await self.store.put(key, entry, unlock=locked)
+                await self.store.put(key, entry, unlock=lease.token or None)
                 stored = True
                 self.events.cache(self.route, "store")
             self._mark(flow, "miss")
@@ -217,12 +217,14 @@ class StaleCache:
             return reply
         finally:
             if locked and not stored:
-                await self.fetch_lock.release(key)
+                await self.fetch_lock.release(key, lease)
 
     def _storable(self, reply: Reply) -> bool:
-        # A stream is passed through untouched: never read, never stored.
+        # A stream is passed through untouched: never read, never stored. Another vendor's
+        # answer (failover) is not this vendor's to keep.
         return (
             reply.stream is None
+            and reply.provider is None
             and 200 <= reply.status < 300
             and len(reply.body) <= self.cfg.max_entry_bytes
             and self.storable(reply)

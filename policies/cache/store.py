@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from collections import OrderedDict
 from functools import partial
-from typing import Any, NamedTuple, Protocol
+from typing import Any, Final, NamedTuple, Protocol
 
 import structlog
 
@@ -14,7 +14,7 @@ from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry
 from policies.cache.lock import LockState, LockStore, Poll
 from policies.core.clock import SYSTEM_CLOCK, Clock
-from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
 
 log = structlog.get_logger("search_proxy.cache")
 
@@ -35,8 +35,9 @@ class CacheStore(LockStore, Protocol):
         entry was not stored after `fresh_after` (wall seconds)."""
         ...
 
-    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
-        """Keep `entry` until stored_at + ttl + stale_ttl; `unlock` also releases the lock."""
+    async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
+        """Keep `entry` until stored_at + ttl + stale_ttl; `unlock` (an owner token) also
+        releases the fetch lock it holds."""
         ...
 
     async def clear(self, route: str) -> Cleared:
@@ -94,17 +95,17 @@ class MemoryStore:
     async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
         return self.peek(key)
 
-    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+    async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         self.keep(key, entry)
 
-    async def lock(self, key: str, ttl: float) -> LockState:
+    async def lock(self, key: str, token: str, ttl: float) -> LockState:
         # One process: the policy's in-flight map already makes one fetch per key.
         return LockState.ABSENT
 
     async def poll(self, key: str) -> Poll:
         return Poll(self.peek(key), held=False)
 
-    async def unlock(self, key: str) -> None:
+    async def unlock(self, key: str, token: str) -> None:
         pass
 
     async def clear(self, route: str) -> Cleared:
@@ -115,14 +116,35 @@ class MemoryStore:
         return Cleared(local=len(doomed), shared=None)
 
 
+_LOCK_LUA: Final = (
+    LATE_GUARD_LUA
+    + """
+-- KEYS[1] the lock; ARGV: owner token, ttl ms, not-after ms.
+-- 1: taken; 0: another owner holds it; LATE: the caller gave up before this ran.
+if too_late(ARGV[3]) then return -1 end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
+return 0
+"""
+)
+
+_UNLOCK_LUA: Final = """
+-- KEYS[1] the lock; ARGV[1] the owner token: only the owner deletes it.
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) end
+return 0
+"""
+
+
 class RedisStore:
     """The shared tier. Entries at `<prefix>:cache:<route>:<sha256>` (SET PX ttl+stale_ttl),
-    fetch locks at `<prefix>:cache-lock:<route>:<sha256>` (SET NX PX). Redis down = a miss."""
+    fetch locks at `<prefix>:cache-lock:<route>:<sha256>` (an owner token, SET NX PX, from a
+    script that takes nothing after its caller gave up). Redis down = a miss."""
 
     def __init__(self, link: RedisLink, retain: float, clock: Clock) -> None:
         self.link = link
         self.retain = retain
         self.clock = clock
+        self._lock = link.client.register_script(_LOCK_LUA)
+        self._unlock = link.client.register_script(_UNLOCK_LUA)
 
     def entry_key(self, key: str) -> str:
         """The Redis key holding the entry for cache key `key`."""
@@ -145,33 +167,38 @@ class RedisStore:
         name = self.entry_key(key)
         return self._decode(await self.link.run(lambda r: r.get(name)))
 
-    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+    async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         px = math.ceil((entry.stored_at + self.retain - self.clock.wall()) * 1000)
         if px <= 0:
-            if unlock:
-                await self.unlock(key)
+            if unlock is not None:
+                await self.unlock(key, unlock)
             return
         name, data, lock = self.entry_key(key), entry.to_bytes(), self.lock_key(key)
 
         async def store(r: Any) -> Any:
-            if not unlock:
+            if unlock is None:
                 return await r.set(name, data, px=px)
             # The entry is written before the lock goes, so a waiting replica that sees the
-            # lock gone also sees the entry. Deleting without an owner check is safe because
-            # the lock outlives the leader's deadline (see FetchLock.acquire).
+            # lock gone also sees the entry. (Two keys in two cluster slots: no one script.)
             async with r.pipeline(transaction=False) as pipe:
                 pipe.set(name, data, px=px)
-                pipe.delete(lock)
+                await self._unlock(keys=[lock], args=[unlock], client=pipe)
                 return await pipe.execute()
 
         await self.link.run(store)
 
-    async def lock(self, key: str, ttl: float) -> LockState:
+    async def lock(self, key: str, token: str, ttl: float) -> LockState:
         name, px = self.lock_key(key), max(1, math.ceil(ttl * 1000))
-        got = await self.link.run(lambda r: r.set(name, b"1", nx=True, px=px))
+        got = await self.link.run(
+            lambda r: self._lock(keys=[name], args=[token, px, self.link.not_after()], client=r)
+        )
         if got is UNAVAILABLE:
             return LockState.ABSENT
-        return LockState.ACQUIRED if got else LockState.HELD
+        if got == LATE:
+            # We were still waiting, so our idea of Redis's clock is off: measure it again.
+            self.link.resync()
+            return LockState.ABSENT
+        return LockState.ACQUIRED if got == 1 else LockState.HELD
 
     async def poll(self, key: str) -> Poll:
         name, lock = self.entry_key(key), self.lock_key(key)
@@ -187,9 +214,9 @@ class RedisStore:
             return Poll(None, held=False)
         return Poll(self._decode(found[0]), held=bool(found[1]))
 
-    async def unlock(self, key: str) -> None:
+    async def unlock(self, key: str, token: str) -> None:
         name = self.lock_key(key)
-        await self.link.run(lambda r: r.delete(name))
+        await self.link.run(lambda r: self._unlock(keys=[name], args=[token], client=r))
 
     async def clear(self, route: str) -> Cleared:
         # Route names are [a-z0-9_-], so the pattern has no glob characters but the last.
@@ -233,12 +260,12 @@ class TieredStore:
             return remote
         return entry
 
-    async def put(self, key: str, entry: Entry, *, unlock: bool = False) -> None:
+    async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         self.local.keep(key, entry)
         await self.shared.put(key, entry, unlock=unlock)
 
-    async def lock(self, key: str, ttl: float) -> LockState:
-        return await self.shared.lock(key, ttl)
+    async def lock(self, key: str, token: str, ttl: float) -> LockState:
+        return await self.shared.lock(key, token, ttl)
 
     async def poll(self, key: str) -> Poll:
         found = await self.shared.poll(key)
@@ -246,8 +273,8 @@ class TieredStore:
             self.local.keep(key, found.entry)
         return found
 
-    async def unlock(self, key: str) -> None:
-        await self.shared.unlock(key)
+    async def unlock(self, key: str, token: str) -> None:
+        await self.shared.unlock(key, token)
 
     async def clear(self, route: str) -> Cleared:
         local = await self.local.clear(route)

@@ -119,6 +119,17 @@ class RateLimited(LocalRefusal):
     summary = "429"
 
 
+class UpstreamPoolExhausted(LocalRefusal):
+    """Every pooled connection to the vendor stayed busy for the whole pool wait.
+
+    Our own resource ran out, not the vendor: the breaker ignores it, a stale entry may stand in.
+    """
+
+    status = 503
+    type = "upstream_pool_exhausted"
+    summary = "all upstream connections busy"
+
+
 class CircuitOpen(LocalRefusal):
     status = 503
     type = "circuit_open"
@@ -168,6 +179,31 @@ class UpstreamUnreachable(AttemptFailed):
         self.transient = transient
 
 
+class UpstreamInvalidResponse(AttemptFailed):
+    """The vendor's bytes are not HTTP: a bad status line, chunk size, Content-Length or
+    encoding, or headers past the parser's limits. Retried as `reset`: it is usually a proxy,
+    load balancer or connection of the vendor's that broke mid-answer."""
+
+    status = 502
+    type = "upstream_invalid_response"
+    summary = "sent an invalid response"
+    outcome = Outcome.RESET
+
+
+class UpstreamTooLarge(AttemptFailed):
+    """The vendor's answer (decompressed) outgrew the route's `max_response_bytes`.
+
+    Counted as `malformed` (no search answer is that large) but never retried: the same request
+    gets the same answer, so another attempt would only read the same bytes again.
+    """
+
+    status = 502
+    type = "upstream_too_large"
+    summary = "answered too large a body"
+    outcome = Outcome.MALFORMED
+    transient = False
+
+
 class UpstreamMalformed(AttemptFailed):
     """The vendor answered 2xx with a body that is not a usable search response."""
 
@@ -175,6 +211,16 @@ class UpstreamMalformed(AttemptFailed):
     type = "upstream_malformed"
     summary = "answered a malformed body"
     outcome = Outcome.MALFORMED
+
+
+class StreamCut(Exception):
+    """A streamed reply's body failed after the agent's response began (the upstream broke off,
+    or outgrew `max_response_bytes`). The status line is sent: the server can only end the
+    connection before the final chunk, so the agent sees a cut answer; `error` says why."""
+
+    def __init__(self, error: ProxyError) -> None:
+        super().__init__(error.message)
+        self.error = error
 
 
 def seconds_text(seconds: float) -> str:

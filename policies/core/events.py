@@ -36,6 +36,9 @@ class Events(Protocol):
     def search_variant(self, route: str, outcome: str) -> None:
         """A simplified query variant was tried: outcome is results, empty or failed."""
 
+    def failover(self, route: str, provider: str, result: str) -> None:
+        """A fallback provider was asked for `route`: answered, empty, failed or skipped."""
+
     def redis_state(self, up: bool) -> None:
         """Redis became reachable (True) or unreachable (False); shared state degrades meanwhile."""
 
@@ -65,6 +68,9 @@ class NullEvents:
         pass
 
     def search_variant(self, route: str, outcome: str) -> None:
+        pass
+
+    def failover(self, route: str, provider: str, result: str) -> None:
         pass
 
     def redis_state(self, up: bool) -> None:

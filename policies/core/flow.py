@@ -27,6 +27,7 @@ class Reply:
     stream: AsyncIterator[bytes] | None = None
     release: Callable[[], None] | None = None
     outcome: Outcome | None = None  # set once by the route's classifier, so the body is parsed once
+    provider: str | None = None  # another route that answered for this one (failover)
 
     def discard(self) -> None:
         """Give back the upstream connection of a reply we will not send."""
@@ -57,6 +58,7 @@ class Flow:
     cache: str | None = None  # hit, miss, stale, bypass
     breaker: str | None = None
     query_used: str | None = None
+    provider: str | None = None  # the fallback route that answered, when failover did
     reply_headers: dict[str, str] = field(default_factory=dict)  # added to the agent's answer
 
 

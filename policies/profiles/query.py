@@ -1,11 +1,16 @@
-"""Finding a request's query, rewriting it in place, and building a normalised search request."""
+"""Finding a request's query, rewriting it in place, and building a normalised search request
+(with unified options and, when the agent sends one, its own API key)."""
 
 from __future__ import annotations
 
 import copy
+import dataclasses
 import json
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime
+from types import MappingProxyType
+from typing import Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
 from policies.profiles.model import (
@@ -18,6 +23,7 @@ from policies.profiles.model import (
     _first_location,
     _load_json,
 )
+from policies.profiles.options import SearchOptions, apply_options
 
 
 def _ref(location: QueryLocation, value: Any) -> QueryRef:
@@ -161,3 +167,71 @@ def _param(value: Any) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     return str(value)
+
+
+# --- Unified options and the agent's own credentials ----------------------------------------
+
+
+def build_search(
+    profile: VendorProfile,
+    query: str,
+    options: SearchOptions | None = None,
+    *,
+    now: datetime | None = None,
+) -> tuple[SearchRequest, tuple[str, ...]]:
+    """The vendor's request for a search with unified options, and the names of the options
+    this vendor cannot honour (dropped, never silently ignored).
+
+    `options.max_results` None sends no result count (the vendor's default); `now` is the time
+    relative ranges count back from (default: the current time). Pure otherwise.
+    """
+    options = options or SearchOptions()
+    request = build_search_request(profile, query, options.max_results or 1)
+    if options.max_results is None and profile.max_results_field:
+        request.query_params.pop(profile.max_results_field, None)
+        if request.json_body is not None:
+            request.json_body.pop(profile.max_results_field, None)
+    return apply_options(profile, request, options, now=now)
+
+
+@dataclass(frozen=True, slots=True)
+class CredentialSlot:
+    """Where a vendor takes its API key: a header (with a scheme prefix) or a query parameter."""
+
+    kind: Literal["header", "query"]
+    name: str
+    prefix: str = ""
+
+
+CREDENTIAL_SLOTS: Mapping[str, CredentialSlot] = MappingProxyType(
+    {
+        "tavily": CredentialSlot("header", "Authorization", "Bearer "),
+        "serper": CredentialSlot("header", "X-API-KEY"),
+        "brave": CredentialSlot("header", "X-Subscription-Token"),
+        "exa": CredentialSlot("header", "x-api-key"),
+        "serpapi": CredentialSlot("query", "api_key"),
+        "scavio": CredentialSlot("header", "Authorization", "Bearer "),
+        "linkup": CredentialSlot("header", "Authorization", "Bearer "),
+        "jina": CredentialSlot("header", "Authorization", "Bearer "),
+        "firecrawl": CredentialSlot("header", "Authorization", "Bearer "),
+        # SearXNG takes no key.
+    }
+)
+
+
+def credential_slot(profile: VendorProfile) -> CredentialSlot | None:
+    """Where this profile's vendor (or the vendor it extends) takes its key; None: nowhere."""
+    return CREDENTIAL_SLOTS.get(profile.dialect)
+
+
+def with_credential(profile: VendorProfile, request: SearchRequest, key: str) -> SearchRequest:
+    """`request` carrying `key` where this vendor reads it. Raises ValueError when the vendor
+    takes no key, or the key is empty or spans lines."""
+    slot = credential_slot(profile)
+    if slot is None:
+        raise ValueError(f"{profile.name} takes no API key")
+    if not key.strip() or any(c in key for c in "\r\n\0"):
+        raise ValueError("an API key must be one non-empty line")
+    if slot.kind == "query":
+        return dataclasses.replace(request, query_params={**request.query_params, slot.name: key})
+    return dataclasses.replace(request, headers={**request.headers, slot.name: slot.prefix + key})

@@ -1,0 +1,611 @@
+"""Limits on agents' connections, nginx-style: header, body and send timeouts, idle keep-alive
+and a cap on open connections; the drain at shutdown; and aiohttp's own protocol errors (a
+malformed request, an HTTP version we do not speak) answered in our JSON shape.
+
+aiohttp's server has none of these timeouts and answers malformed requests in plain text, so
+`ClientConnection` subclasses its RequestHandler (the per-connection protocol) and
+`GuardedServer` its Server (the protocol factory). They rely on internals of aiohttp 3.14:
+RequestHandler's `_messages`, `_request_count`, `_request_in_progress`, `_lingering_time`,
+`_reading_paused`/`_buffer_paused` and `_drain_helper`, and Server's `_kwargs`; tests/hostile
+drives each limit against a real process, so a change there fails a test, not production.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import gc
+import math
+import os
+import resource
+from collections.abc import Callable
+from typing import Any, cast
+
+import orjson
+import structlog
+from aiohttp import web
+from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
+from aiohttp.http_exceptions import LineTooLong
+from aiohttp.streams import StreamReader
+from aiohttp.web_protocol import ERROR as PARSE_FAILED
+from aiohttp.web_protocol import RequestHandler
+from aiohttp.web_request import BaseRequest
+
+from policies.core.errors import BadRequest, ProxyError, seconds_text
+from proxy.config import ServerConfig
+from proxy.dialects import error_body, error_response, reason_phrase
+from proxy.errors import (
+    HttpVersionNotSupported,
+    InternalError,
+    RequestTimeout,
+    TooManyConnections,
+)
+
+log = structlog.get_logger("search_proxy")
+
+# asyncio's own report of a failed accept() (no file descriptor left).
+ACCEPT_FAILED = "socket.accept() out of system resource"
+LOG_INTERVAL_S = 10.0  # events that can repeat thousands of times a second: one line per interval
+CUT_MARGIN_S = 0.5  # after shutdown_grace: how long a cut request has to answer and log itself
+FD_RESERVE = 64  # files besides agents' and upstream connections: listener, Redis, logs, DNS
+# The listen backlog, and so how many connections asyncio may accept in one go before any of
+# the refused ones is closed: their file descriptors count too.
+LISTEN_BACKLOG = 1024
+RECLAIM_AFTER = 512  # connections gone since the peak that make a flood worth reclaiming after
+RECLAIM_DELAY_S = 1.0  # a flood leaves over a few milliseconds: reclaim once, after it
+_SUPPORTED = (HttpVersion10, HttpVersion11)
+_CLAIMED_VERSION = web.RequestKey("search_proxy_claimed_version", str)
+
+
+class SendTimeout(ConnectionResetError):
+    """The agent read nothing of its answer for server.send_timeout; its connection is dropped."""
+
+
+class OverloadLog:
+    """At most one warning line per interval however an overload of connections shows: refused
+    past max_connections, or accept() failing for want of file descriptors, which asyncio reports
+    once per waiting connection and again at every retry (tens of thousands of lines a second).
+
+    Each line counts what happened since the previous one; what a quiet interval held back is
+    written when it ends. It is also the event loop's exception handler: failed accepts are
+    counted here, everything else goes to asyncio's default handler.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        call_at: Callable[[float, Callable[[], None]], object],
+        max_connections: int,
+        interval: float = LOG_INTERVAL_S,
+    ) -> None:
+        self.clock = clock
+        self.call_at = call_at  # loop.call_at
+        self.max_connections = max_connections
+        self.interval = interval
+        self._next = -math.inf  # no line before this time
+        self._flush_due = False
+        self._refused = 0
+        self._failed = 0
+        self._error: str | None = None
+
+    def refused(self) -> None:
+        """A connection was refused because max_connections were open."""
+        self._refused += 1
+        self._report()
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != ACCEPT_FAILED:
+            loop.default_exception_handler(context)
+            return
+        self._failed += 1
+        self._error = str(context.get("exception"))
+        self._report()
+
+    def _report(self) -> None:
+        if self.clock() >= self._next:
+            self._write()
+        elif not self._flush_due:
+            self._flush_due = True
+            self.call_at(self._next, self.flush)
+
+    def flush(self) -> None:
+        """Write what is held back now (at the end of a quiet interval, and at exit)."""
+        self._flush_due = False
+        if self._refused or self._failed:
+            self._write()
+
+    def _write(self) -> None:
+        self._next = self.clock() + self.interval
+        fields: dict[str, Any] = {}
+        if self._failed:
+            fields["error"] = self._error
+            fields["hint"] = "out of file descriptors: raise ulimit -n or lower max_connections"
+        log.warning(
+            "connections_refused",
+            refused=self._refused,
+            accept_failed=self._failed,
+            max_connections=self.max_connections,
+            **fields,
+        )
+        self._refused = self._failed = 0
+        self._error = None
+
+
+def open_files_limit(wanted: int) -> int:
+    """Raise this process's soft limit on open files towards `wanted` (as far as the hard limit
+    allows, as nginx's worker_rlimit_nofile does); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    if soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_budget(server: ServerConfig) -> tuple[int, int]:
+    """(max_connections, open-files limit): max_connections lowered if need be so that agents'
+    connections, with a burst of refused ones, cannot use up the file descriptors (where every
+    accept() fails). Under a very low limit, half of it still goes to agents."""
+    reserve = server.upstream_connections + FD_RESERVE + LISTEN_BACKLOG
+    limit = open_files_limit(server.max_connections + reserve)
+    return min(server.max_connections, max(limit - reserve, limit // 2)), limit
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the OS (glibc keeps them otherwise; elsewhere a no-op)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
+
+
+def raw_answer(err: ProxyError) -> bytes:
+    """A whole HTTP/1.1 response carrying `err` (then close), to write straight to a transport
+    when no request object exists to answer through."""
+    body = orjson.dumps(error_body(err, "", None))
+    head = [
+        f"HTTP/1.1 {err.status} {reason_phrase(err)}",
+        "Content-Type: application/json",
+        f"Content-Length: {len(body)}",
+        "Connection: close",
+        f"X-Proxy-Error: {err.type}",
+        *(f"{name}: {value}" for name, value in err.response_headers().items()),
+    ]
+    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
+
+
+def cut_reason(request: web.BaseRequest) -> str | None:
+    """Why the proxy cut this request's connection ("shutdown", "send_timeout"), if it did."""
+    conn = request.protocol
+    return conn.cut if isinstance(conn, ClientConnection) else None
+
+
+def _problem(exc: BaseException | None, message: str | None) -> str:
+    """aiohttp's parse error in a few words, without echoing the agent's bytes back."""
+    if isinstance(exc, LineTooLong):
+        return "a request line or header field is too long"
+    lines = [
+        line.strip().rstrip(":")
+        for line in (message or "").splitlines()
+        if line.strip() and not line.strip().startswith(("b'", 'b"', "^"))
+    ]
+    return ": ".join(lines)[:200] or "unparseable request"
+
+
+def _log_refusal(request: BaseRequest | None, rid: str | None, err: ProxyError) -> None:
+    """The access-log line of a request the connection layer answered itself (`request` is
+    None when it could not be parsed)."""
+    log.info(
+        "request",
+        request_id=rid,
+        route=None,
+        method=request.method if request is not None else None,
+        path=request.path if request is not None else None,
+        status=err.status,
+        error=err.type,
+        reason=err.message,
+    )
+
+
+class ClientConnection(RequestHandler):
+    """One agent's connection: aiohttp's protocol plus the limits it lacks.
+
+    - header_timeout: a new connection must deliver a whole request head within it, and so
+      must a kept-alive one from the first byte of its next request (a partial head gets a
+      JSON 408, an idle new connection is closed silently);
+    - body_timeout: longest gap between two pieces of a request body; the handler's read fails
+      with RequestTimeout (a JSON 408) and the connection closes after the answer;
+    - send_timeout: longest time one write may wait for the agent to read; then the connection
+      is dropped with what it buffered (`SendTimeout`), so a slow reader holds at most the
+      transport's write buffer;
+    - client_keepalive_timeout: aiohttp's own idle keep-alive timer, given our value.
+    """
+
+    __slots__ = (
+        "_admitted",
+        "_body",
+        "_body_deadline",
+        "_body_timer",
+        "_close_after_answer",
+        "_guard",
+        "_head_started",
+        "_head_timer",
+        "cut",
+    )
+
+    def __init__(self, manager: GuardedServer, **kwargs: Any) -> None:
+        super().__init__(manager, **kwargs)
+        self._guard = manager
+        self._admitted = False
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._head_started = False  # bytes of the awaited head have arrived
+        self._body: StreamReader | None = None  # a request body still arriving
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._body_deadline = 0.0
+        self._close_after_answer = False
+        self.cut: str | None = None
+
+    # ------------------------------------------------------------------ connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        if not self._guard.admit():
+            # Over max_connections: answer and close at once, before aiohttp sets anything up.
+            tr = cast(asyncio.Transport, transport)
+            tr.write(self._guard.refusal)
+            tr.close()
+            return
+        self._admitted = True
+        super().connection_made(transport)
+        self._head_timer = self._loop.call_later(self._guard.limits.header_timeout, self._head_late)
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if not self._admitted:
+            return
+        self._admitted = False
+        self._guard.release()
+        for timer in (self._head_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._body_timer = None
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        next_head = False
+        if data and self.transport is not None:
+            if self._head_timer is not None:
+                self._head_started = True
+            elif self._between_requests():
+                next_head = True  # the first bytes of the next request on a kept-alive connection
+            elif self._body is not None:
+                self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
+        heads = self._request_count
+        super().data_received(data)
+        if self._request_count != heads:
+            # A request head is complete; only the last one parsed may still have body to come.
+            if self._head_timer is not None:
+                self._head_timer.cancel()
+                self._head_timer = None
+            self._head_started = False
+            if self._messages and not self._messages[-1][1].is_eof():
+                self._watch_body(self._messages[-1][1])
+        elif next_head:
+            # Not complete yet: from its first byte, it has header_timeout.
+            self._head_timer = self._loop.call_later(
+                self._guard.limits.header_timeout, self._head_late
+            )
+            self._head_started = True
+
+    def _between_requests(self) -> bool:
+        """No request is being handled or queued, and no request body is still arriving."""
+        return (
+            not self._request_in_progress
+            and not self._messages
+            and (self._body is None or self._body.is_eof())
+        )
+
+    # ------------------------------------------------------------------ timeouts
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport is None or not self._between_requests():
+            return
+        if self._head_started:
+            self.transport.write(self._guard.head_timeout)
+            _log_refusal(None, None, self._guard.head_timeout_error)
+        self.force_close()
+
+    def _watch_body(self, body: StreamReader) -> None:
+        self._body = body
+        self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
+        if self._body_timer is None:
+            self._body_timer = self._loop.call_at(self._body_deadline, self._body_check)
+
+    def _body_check(self) -> None:
+        # Data pushes the deadline on without touching the timer; the timer re-arms lazily.
+        self._body_timer = None
+        body = self._body
+        if body is None or body.is_eof() or self.transport is None:
+            self._body = None
+            return
+        now = self._loop.time()
+        if self._reading_paused or self._buffer_paused:
+            # We paused reading (the handler has not read what came): not the agent stalling.
+            self._body_deadline = max(self._body_deadline, now + self._guard.limits.body_timeout)
+        if now < self._body_deadline:
+            self._body_timer = self._loop.call_at(self._body_deadline, self._body_check)
+            return
+        self._body = None
+        if self._request_in_progress or self._messages:
+            # A handler reads (or will read) this body: its read raises, it answers 408; then
+            # close rather than linger for the rest of a body that is not coming.
+            self._lingering_time = 0.0
+            limit = seconds_text(self._guard.limits.body_timeout)
+            body.set_exception(
+                RequestTimeout(
+                    f"the request body stalled: nothing arrived for {limit} "
+                    "(server.body_timeout); send the whole body without pausing"
+                )
+            )
+        else:
+            # Already answered; aiohttp is discarding the rest of the body: stop waiting for it.
+            body.feed_eof()
+            self.force_close()
+
+    async def _drain_helper(self) -> None:
+        if not self._paused or self.transport is None:
+            await super()._drain_helper()
+            return
+        try:
+            async with asyncio.timeout(self._guard.limits.send_timeout):
+                await super()._drain_helper()
+        except TimeoutError:
+            self.cut = "send_timeout"
+            if self.transport is not None:
+                self.transport.abort()  # close() would wait for the agent to read the buffer
+            raise SendTimeout(
+                f"the agent read nothing for {seconds_text(self._guard.limits.send_timeout)}"
+            ) from None
+
+    # ------------------------------------------------------------------ shutdown
+
+    def close_when_done(self) -> None:
+        """Close now if no request is being handled or queued, else right after its answer.
+
+        Unlike aiohttp's close() (which at once ignores every further byte), the rest of a
+        request body already on its way is still read.
+        """
+        if not self._request_in_progress and not self._messages:
+            self.force_close()
+        else:
+            self._close_after_answer = True
+
+    async def finish_response(
+        self, request: BaseRequest, resp: web.StreamResponse, start_time: float | None
+    ) -> tuple[web.StreamResponse, bool]:
+        if self._close_after_answer:
+            resp.force_close()  # Connection: close, and aiohttp closes once it is written
+        return await super().finish_response(request, resp, start_time)
+
+    # ------------------------------------------------------------------ aiohttp's errors
+
+    def handle_error(
+        self,
+        request: BaseRequest,
+        status: int = 500,
+        exc: BaseException | None = None,
+        message: str | None = None,
+    ) -> web.StreamResponse:
+        """aiohttp's answer to a malformed request (400) or to an exception no handler caught
+        (500), in our JSON shape instead of plain text; the connection closes after it."""
+        if request.writer.output_size > 0:
+            raise ConnectionError("an answer was already being sent; cannot send an error")
+        rid = os.urandom(16).hex()
+        err: ProxyError
+        if 400 <= status < 500:
+            err = BadRequest(
+                f"malformed HTTP request: {_problem(exc, message)}; send a valid HTTP/1.1 request"
+            )
+            _log_refusal(None, rid, err)
+        else:
+            self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
+            err = InternalError(
+                "the proxy failed on this request (a bug, logged with its traceback); try again"
+            )
+        response = error_response(err, rid)
+        response.force_close()
+        return response
+
+
+class GuardedServer(web.Server):
+    """aiohttp's low-level server with `ClientConnection` as its protocol; it counts open
+    connections, refuses past max_connections, tracks requests in flight for the drain, and
+    answers request lines of an HTTP version other than 1.0 and 1.1 with 505."""
+
+    def __init__(
+        self, plain: web.Server, limits: ServerConfig, overload: OverloadLog | None = None
+    ) -> None:
+        loop = asyncio.get_running_loop()
+        self.limits = limits
+        self.overload = overload or OverloadLog(loop.time, loop.call_at, limits.max_connections)
+        self.open = 0
+        self._peak = 0  # most connections open at once since the last reclaim
+        self._reclaim: asyncio.TimerHandle | None = None
+        self._app_handler = plain.request_handler
+        self._app_request = plain.request_factory
+        self._in_flight: dict[asyncio.Task[Any], ClientConnection] = {}
+        # Prebuilt: written by timers and at accept time, where no request object exists.
+        self.refusal = raw_answer(
+            TooManyConnections(
+                f"the proxy has {limits.max_connections} connections open (server."
+                "max_connections); retry shortly, and reuse connections",
+                retry_after_s=1.0,
+            )
+        )
+        self.head_timeout_error = RequestTimeout(
+            f"the request head did not arrive within {seconds_text(limits.header_timeout)} "
+            "(server.header_timeout); send the request line and headers at once"
+        )
+        self.head_timeout = raw_answer(self.head_timeout_error)
+        # The options AppRunner gathered for the protocol (keep-alive, access log ...).
+        super().__init__(
+            self._handle,
+            request_factory=self._request,
+            handler_cancellation=plain.handler_cancellation,
+            loop=loop,
+            **plain._kwargs,
+        )
+
+    def __call__(self) -> RequestHandler:
+        return ClientConnection(self, loop=self._loop, **self._kwargs)
+
+    def admit(self) -> bool:
+        """Count a new connection in, or refuse it (logged once per interval)."""
+        if self.open < self.limits.max_connections:
+            self.open += 1
+            self._peak = max(self._peak, self.open)
+            return True
+        self.overload.refused()
+        return False
+
+    def release(self) -> None:
+        self.open -= 1
+        if (
+            self._reclaim is None
+            and self._peak - self.open >= RECLAIM_AFTER
+            and self.open <= self._peak // 2
+        ):
+            self._reclaim = self._loop.call_later(RECLAIM_DELAY_S, self._reclaim_memory)
+
+    def _reclaim_memory(self) -> None:
+        """After a flood of connections left (most of the peak gone), give its memory back.
+
+        aiohttp's per-connection objects sit in reference cycles (tasks, their exceptions and
+        frames) that only a full collection finds; their buffers are released over the next
+        loop iterations, and glibc returns freed heap to the OS only when asked: so collect
+        now, trim a moment later.
+        """
+        started = self._loop.time()
+        found = gc.collect()
+        log.info(
+            "memory_reclaimed",
+            peak_connections=self._peak,
+            open=self.open,
+            objects=found,
+            took_ms=round((self._loop.time() - started) * 1000, 1),
+        )
+        self._peak = self.open
+        self._reclaim = self._loop.call_later(RECLAIM_DELAY_S, self._trim)
+
+    def _trim(self) -> None:
+        trim_heap()
+        self._reclaim = None
+
+    @property
+    def in_flight(self) -> int:
+        return len(self._in_flight)
+
+    def _request(
+        self,
+        message: RawRequestMessage,
+        payload: StreamReader,
+        protocol: RequestHandler,
+        writer: Any,
+        task: asyncio.Task[None],
+    ) -> BaseRequest:
+        if message is PARSE_FAILED:
+            # aiohttp's stand-in for a request it could not parse says HTTP/1.0: answer in 1.1.
+            return self._app_request(
+                message._replace(version=HttpVersion11), payload, protocol, writer, task
+            )
+        if message.version in _SUPPORTED:
+            return self._app_request(message, payload, protocol, writer, task)
+        # aiohttp answers in the version the request claimed: make it HTTP/1.1 and remember.
+        claimed = f"HTTP/{message.version.major}.{message.version.minor}"
+        message = message._replace(version=HttpVersion11, should_close=True)
+        request = self._app_request(message, payload, protocol, writer, task)
+        request[_CLAIMED_VERSION] = claimed
+        return request
+
+    async def _handle(self, request: BaseRequest) -> web.StreamResponse:
+        task = asyncio.current_task()
+        assert task is not None
+        self._in_flight[task] = cast(ClientConnection, request.protocol)
+        try:
+            claimed = request.get(_CLAIMED_VERSION)
+            if claimed is not None:
+                rid = os.urandom(16).hex()
+                err = HttpVersionNotSupported(
+                    f"{claimed} is not supported: this proxy speaks HTTP/1.1 (and 1.0); "
+                    "send the request over HTTP/1.1"
+                )
+                _log_refusal(request, rid, err)
+                response = error_response(err, rid)
+                response.force_close()
+                return response
+            return await self._app_handler(request)
+        finally:
+            del self._in_flight[task]
+
+    async def drain(self, deadline: float) -> int:
+        """Let requests in flight finish until `deadline` (loop time), then cut those still
+        running: each learns why (`cut_reason`) and answers or logs itself as cut. Returns
+        how many were cut."""
+        while self._in_flight and (left := deadline - self._loop.time()) > 0:
+            await asyncio.wait(set(self._in_flight), timeout=left)
+        late = list(self._in_flight.items())
+        for task, conn in late:
+            conn.cut = "shutdown"
+            task.cancel()
+        if late:
+            await asyncio.wait([task for task, _ in late], timeout=CUT_MARGIN_S)
+        return len(late)
+
+
+class GuardedRunner(web.AppRunner):
+    """An AppRunner serving through a `GuardedServer` with these limits."""
+
+    __slots__ = ("guarded", "limits", "overload")
+
+    def __init__(
+        self,
+        app: web.Application,
+        limits: ServerConfig,
+        overload: OverloadLog | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(app, keepalive_timeout=limits.client_keepalive_timeout, **kwargs)
+        self.limits = limits
+        self.overload = overload
+        self.guarded: GuardedServer | None = None
+
+    async def _make_server(self) -> web.Server:
+        plain = await super()._make_server()
+        self.guarded = GuardedServer(plain, self.limits, self.overload)
+        return self.guarded
+
+    async def stop_accepting(self) -> None:
+        """Close the listening sockets and idle connections; busy ones close after answering."""
+        for site in list(self.sites):
+            await site.stop()
+        if self.guarded is not None:
+            for conn in self.guarded.connections:
+                if isinstance(conn, ClientConnection):
+                    conn.close_when_done()
+
+    async def drain(self, deadline: float) -> int:
+        """See `GuardedServer.drain`."""
+        return await self.guarded.drain(deadline) if self.guarded is not None else 0

@@ -1,0 +1,48 @@
+"""Start-up's constructions from a config, done without sockets or Redis commands, so that
+`check-config` refuses whatever start-up would, and serving refuses it before the port opens."""
+
+from __future__ import annotations
+
+import aiohttp
+
+from policies.core.clock import SYSTEM_CLOCK
+from policies.core.redislink import RedisLink
+from proxy.admin import Admin
+from proxy.config import Config, ConfigError, ConfigErrors
+from proxy.metrics import Metrics
+from proxy.pipeline import Deps, build_route
+from proxy.routing import Router
+from proxy.search_api import SearchApi
+
+
+async def check_startup(config: Config) -> None:
+    """Build the Redis link, every route, the router, the search API and the admin endpoints as
+    `proxy.app` does at start-up, then drop them. A constructor's ValueError (its way of refusing
+    a value) becomes a ConfigError naming the section it came from."""
+    errors: list[ConfigError] = []
+    metrics = Metrics()
+    redis: RedisLink | None = None
+    if config.redis is not None:
+        try:  # the client parses its URL's options here; it connects only on the first command
+            redis = RedisLink(
+                config.redis.url, config.redis.key_prefix, timeout=config.redis.timeout
+            )
+        except ValueError as exc:
+            errors.append(ConfigError("redis.url", f"start-up cannot use it: {exc}"))
+    try:
+        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
+            deps = Deps(config, session, SYSTEM_CLOCK, metrics, redis)
+            for name, route in config.routes.items():
+                try:
+                    deps.routes[name] = build_route(route, deps)
+                except ValueError as exc:
+                    errors.append(ConfigError(f"routes.{name}", f"start-up cannot build it: {exc}"))
+            if not errors:
+                Router([(r.config.prefix, r) for r in deps.routes.values()])
+                SearchApi(config.search_api, deps.routes, metrics, SYSTEM_CLOCK)
+                Admin(deps.routes, config.server.admin_token)
+    finally:
+        if redis is not None:
+            await redis.close()
+    if errors:
+        raise ConfigErrors(errors)
