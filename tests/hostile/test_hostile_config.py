@@ -174,15 +174,41 @@ def test_no_config_at_all_is_one_line_and_exit_2(tmp_path: Path, capsys: Any, na
 
 
 @pytest.mark.unit
-@pytest.mark.skipif(os.geteuid() == 0, reason="root reads a file whatever its mode")
 def test_unreadable_file_is_one_line_and_exit_2(tmp_path: Path, capsys: Any) -> None:
     f = tmp_path / "secret.yaml"
     f.write_text("routes: {}\n")
     f.chmod(0)
+    expected = f"{PREFIX}cannot read config {f}: Permission denied\n"
     for argv in (["check-config", str(f)], ["--config", str(f)]):
-        assert main(argv) == 2
-        err = capsys.readouterr().err
-        assert err == f"{PREFIX}cannot read config {f}: Permission denied\n"
+        if os.geteuid() != 0:
+            assert main(argv) == 2
+            assert capsys.readouterr().err == expected
+            continue
+        # Root reads a file whatever its mode: run the CLI in a child that drops to nobody.
+        code, err = _as_nobody(main, argv)
+        assert code == 2 and err == expected, err
+
+
+def _as_nobody(fn: Any, argv: list[str]) -> tuple[int, str]:
+    """fn(argv) in a forked child running as uid/gid 65534: (exit code, what it wrote to stderr)."""
+    read_end, write_end = os.pipe()
+    pid = os.fork()
+    if pid == 0:  # the child: never returns into pytest
+        code = 99
+        try:
+            os.close(read_end)
+            os.setgid(65534)
+            os.setuid(65534)
+            sys.stderr = os.fdopen(write_end, "w")
+            code = fn(argv)
+            sys.stderr.flush()
+        finally:
+            os._exit(code)
+    os.close(write_end)
+    with os.fdopen(read_end) as pipe:
+        err = pipe.read()
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), err
 
 
 @pytest.mark.unit
