@@ -17,7 +17,7 @@ import time
 import traceback
 from collections.abc import Callable
 
-from bench import burst, core, failover, hostile, resilience, retries, search
+from bench import burst, core, failover, hedge, hostile, recovery, resilience, retries, search
 from bench.procs import Pinning, detect_pinning
 from bench.report import Scenario
 from testkit.procs import stop_all
@@ -31,6 +31,8 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "burst": burst.run,
     "failover": failover.run,
     "hostile": hostile.run,
+    "hedge": hedge.run,
+    "recovery": recovery.run,
 }
 
 

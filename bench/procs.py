@@ -115,7 +115,9 @@ def proxy(
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(proxy_config(routes, port=port, log_level=log_level), f)
     argv = [*pinning.prefix(pinning.proxy_cpu), sys.executable, "-m", "proxy"]
-    child = Child("proxy", [*argv, "--config", config_path, "--port", str(port)])
+    # Admin endpoints on a free port: proxies running side by side must not share one.
+    argv += ["--config", config_path, "--port", str(port), "--admin-port", "0"]
+    child = Child("proxy", argv)
     url = f"http://127.0.0.1:{port}"
     try:
         child.wait_http(url + "/healthz", timeout)

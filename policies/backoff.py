@@ -148,11 +148,16 @@ class RetryBudget:
     second (the floor, so a quiet route can always retry), or else if the retries charged to
     the ratio in the last `window_s` seconds, counting this one, would not exceed
     `ratio` x the requests recorded in those seconds. Floor retries are not charged to the ratio.
+
+    With `floor="least"` (the hedge budget) the floor is a least allowance for the whole window
+    instead, `min_per_s` x `window_s`, and every grant is charged: a busy route's grants never
+    exceed `ratio` x its requests, a quiet route still gets the floor's.
     """
 
     __slots__ = (
         "_clock",
         "_floor_used",
+        "_least",
         "_min_per_s",
         "_ratio",
         "_requests",
@@ -163,7 +168,15 @@ class RetryBudget:
         "_slots",
     )
 
-    def __init__(self, ratio: float, min_per_s: int, clock: Clock, window_s: float = 10.0) -> None:
+    def __init__(
+        self,
+        ratio: float,
+        min_per_s: int,
+        clock: Clock,
+        window_s: float = 10.0,
+        *,
+        floor: Literal["added", "least"] = "added",
+    ) -> None:
         if not (ratio >= 0 and math.isfinite(ratio)):
             raise ValueError(f"ratio must be a non-negative number, got {ratio!r}")
         if min_per_s < 0 or int(min_per_s) != min_per_s:
@@ -182,6 +195,7 @@ class RetryBudget:
         self._retries_total = 0
         self._floor_used = 0
         self._second = math.floor(clock.now())
+        self._least = floor == "least"
 
     def record_request(self) -> None:
         """Count one new agent request (not a retry) towards the ratio."""
@@ -192,6 +206,13 @@ class RetryBudget:
     def try_acquire_retry(self) -> bool:
         """Spend budget for one retry and return True, or return False if none is left."""
         slot = self._rotate()
+        if self._least:
+            allowed = max(self._ratio * self._requests_total, self._min_per_s * self._slots)
+            if self._retries_total + 1 > allowed + _EPSILON:
+                return False
+            self._retries[slot] += 1
+            self._retries_total += 1
+            return True
         # The floor is use-it-or-lose-it each second, so spend it before the ratio allowance.
         if self._floor_used < self._min_per_s:
             self._floor_used += 1

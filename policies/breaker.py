@@ -1,7 +1,9 @@
 """Circuit breakers per route: pybreaker's state machine on our clock, shared by replicas via Redis.
 
 The hot path reads in-memory state only. Trips and closes are written to Redis in the background
-(HSET + PUBLISH); a subscriber and a periodic read apply the other replicas' transitions.
+(HSET + PUBLISH); a subscriber and a periodic read apply the other replicas' transitions. On top
+of pybreaker: open periods that grow while the vendor stays down, half-open trials that survive
+an unlucky probe, optional active probes, and a slow start after the circuit closes.
 """
 
 from __future__ import annotations
@@ -9,8 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import math
 import secrets
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
+from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 from typing import Final, NamedTuple
@@ -20,7 +24,7 @@ import structlog
 from redis.exceptions import RedisError
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
-from policies.core.errors import CircuitOpen, VendorFailure, seconds_text
+from policies.core.errors import CircuitOpen, ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
@@ -39,6 +43,30 @@ _NAMES: Final = {
 
 # The shared record outlives any sane reset_timeout, then goes away with a removed route.
 _RECORD_TTL_MS: Final = 86_400_000
+# Consecutive openings past this say nothing more (the open time reached its maximum long ago);
+# the cap keeps a garbled shared record from meaning anything absurd.
+_MAX_LEVEL: Final = 1000
+# Slow-start places: the golden-ratio sequence spreads any number of requests evenly over [0, 1).
+_GOLDEN: Final = (math.sqrt(5) - 1) / 2
+
+# Sends the route's configured probe and returns the vendor's status, or raises a ProxyError when
+# no answer came. The server builds it around the route's upstream: policies do no I/O of their own.
+ProbeSender = Callable[[], Awaitable[int]]
+
+
+@dataclass(frozen=True)
+class ProbeConfig:
+    """`breaker.probe`: a request the operator chooses, sent while the circuit is not closed."""
+
+    every: float  # seconds between probes, across the fleet
+    method: str = "GET"
+    path: str = "/"  # under the route's upstream, like a request's path; may carry `?query`
+    body: str = ""  # sent as application/json when not empty
+    expect: frozenset[int] = frozenset()  # statuses that mean the vendor is back; empty: any 2xx
+
+    def healthy(self, status: int) -> bool:
+        """Whether a probe answered with `status` says the vendor is back."""
+        return status in self.expect if self.expect else 200 <= status < 300
 
 
 @dataclass(frozen=True)
@@ -46,9 +74,35 @@ class BreakerConfig:
     """A route's `breaker:` section."""
 
     fail_max: int = 5  # consecutive vendor failures that open the circuit
-    reset_timeout: float = 30.0  # seconds open before a half-open probe
+    reset_timeout: float = 30.0  # the longest an opening lasts before a half-open probe
+    open_initial: float | None = None  # the first opening; None: every one lasts reset_timeout
+    open_multiplier: float = 2.0  # each reopening before a request gets through lasts this x longer
     success_threshold: int = 1  # probe successes that close it again
     half_open_probes: int = 1  # probes admitted at once, fleet-wide
+    max_wait: float = 0.0  # how long a request may wait to be admitted; 0: refused at once
+    slow_start: float = 0.0  # seconds over which a closed circuit readmits traffic; 0: at once
+    probe: ProbeConfig | None = None  # an active probe while open; None: only half-open requests
+
+    def open_seconds(self, level: int) -> float:
+        """How long the `level`-th consecutive opening lasts (1: the first)."""
+        initial = self.reset_timeout if self.open_initial is None else self.open_initial
+        return open_seconds(initial, self.open_multiplier, self.reset_timeout, level)
+
+    @property
+    def tolerated_failures(self) -> int:
+        """Failed probes a half-open trial survives: it can still reach success_threshold
+        successes among half_open_probes probes."""
+        return max(0, self.half_open_probes - self.success_threshold)
+
+
+def open_seconds(initial: float, multiplier: float, maximum: float, level: int) -> float:
+    """`initial * multiplier ** (level - 1)`, at most `maximum` (Envoy's ejection time, which
+    grows with consecutive ejections)."""
+    if level <= 1 or multiplier <= 1.0 or initial >= maximum:
+        return min(initial, maximum)
+    if level - 1 >= math.log(maximum / initial, multiplier):
+        return maximum
+    return min(maximum, initial * multiplier ** (level - 1))
 
 
 class Snapshot(NamedTuple):
@@ -59,33 +113,48 @@ class Snapshot(NamedTuple):
     opened_us: int  # when the circuit last opened, unix microseconds
     failures: int  # consecutive failures that opened it
     origin: str  # the replica that made the transition; breaks ties between equal times
+    level: int = 0  # consecutive openings, which set the open time; 0 once a request got through
 
     def newer_than(self, other: Snapshot) -> bool:
         """Last writer wins, by wall time then origin, so every replica picks the same one."""
         return (self.since_us, self.origin) > (other.since_us, other.origin)
 
     def encode(self) -> str:
-        """The pub/sub message: `state|since_us|opened_us|failures|origin`."""
-        return f"{self.state}|{self.since_us}|{self.opened_us}|{self.failures}|{self.origin}"
+        """The pub/sub message: `state|since_us|opened_us|failures|origin|level`."""
+        return (
+            f"{self.state}|{self.since_us}|{self.opened_us}|{self.failures}|{self.origin}|"
+            f"{self.level}"
+        )
 
 
 def parse_snapshot(data: bytes | str) -> Snapshot | None:
-    """Decode a pub/sub message; None for anything malformed (never trust the wire)."""
+    """Decode a pub/sub message; None for anything malformed (never trust the wire).
+
+    A message without the level (five fields: a replica from before open times adapted) has
+    level 0.
+    """
     if isinstance(data, bytes):
         data = data.decode("ascii", "replace")
     parts = data.split("|")
-    if len(parts) != 5 or parts[0] not in (CLOSED, OPEN):
+    if len(parts) not in (5, 6) or parts[0] not in (CLOSED, OPEN):
         return None
     try:
-        return Snapshot(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4])
+        level = int(parts[5]) if len(parts) == 6 else 0
+        snap = Snapshot(parts[0], int(parts[1]), int(parts[2]), int(parts[3]), parts[4], level)
     except ValueError:
         return None
+    if not 0 <= snap.level <= _MAX_LEVEL:
+        return None
+    return snap
 
 
 def snapshot_from_hash(fields: Mapping[bytes | str, bytes | str]) -> Snapshot | None:
     """Decode the state hash (HGETALL); None when it is missing or malformed."""
+    keys = [b"state", b"since", b"opened_at", b"failures", b"origin"]
+    if b"level" in fields:
+        keys.append(b"level")
     try:
-        values = [fields[k] for k in (b"state", b"since", b"opened_at", b"failures", b"origin")]
+        values = [fields[k] for k in keys]
     except KeyError:
         return None
     return parse_snapshot(b"|".join(v if isinstance(v, bytes) else v.encode() for v in values))
@@ -94,9 +163,9 @@ def snapshot_from_hash(fields: Mapping[bytes | str, bytes | str]) -> Snapshot | 
 class ClockedMemoryStorage(pybreaker.CircuitBreakerStorage):
     """pybreaker's state in process memory, with the open time taken from our Clock.
 
-    pybreaker goes half-open when `datetime.now(UTC) >= opened_at + reset_timeout`, so `opened_at`
-    is reported as "now minus the time elapsed on our clock": that comparison then follows the
-    injected clock (a ManualClock in tests) instead of the wall.
+    The Breaker moves to half-open itself (its open times adapt); should pybreaker ever compare
+    `datetime.now(UTC) >= opened_at + reset_timeout`, `opened_at` is reported as "now minus the
+    time elapsed on our clock", so that too follows the injected clock instead of the wall.
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -173,13 +242,13 @@ class SlotGrant(NamedTuple):
 
 _WRITE_LUA: Final = """
 -- KEYS[1] state hash; KEYS[2..] probe slots, freed by every shared transition.
--- ARGV: state, since_us, opened_us, failures, origin, channel, message, ttl_ms
+-- ARGV: state, since_us, opened_us, failures, origin, channel, message, ttl_ms, level
 -- Last writer wins by (since, origin), the order Snapshot.newer_than uses.
 local current = redis.call('HMGET', KEYS[1], 'since', 'origin')
 local since, new = tonumber(current[1] or '0'), tonumber(ARGV[2])
 if since > new or (since == new and (current[2] or '') >= ARGV[5]) then return 0 end
 redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'opened_at', ARGV[3],
-           'failures', ARGV[4], 'origin', ARGV[5])
+           'failures', ARGV[4], 'origin', ARGV[5], 'level', ARGV[9])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
 redis.call('PUBLISH', ARGV[6], ARGV[7])
@@ -206,7 +275,8 @@ return 0
 
 
 class RedisBreakerState:
-    """One route's breaker record in Redis: a hash, N probe-slot keys and a channel.
+    """One route's breaker record in Redis: a hash, N probe-slot keys, a channel, and the lease
+    that picks the replica sending the next active probe.
 
     Keys share the `{route}` hash tag so each script touches one cluster slot. Every call goes
     through the RedisLink, so an unreachable Redis costs milliseconds and the caller falls back.
@@ -219,6 +289,7 @@ class RedisBreakerState:
         self.key = link.key("breaker", tag)
         self.slots = [link.key("breaker", tag, "probe", str(i)) for i in range(1, probes + 1)]
         self.channel = link.key("breaker", tag, "events")
+        self.lease = link.key("breaker", tag, "active-probe")
         self._lease_ms = max(1, int(probe_lease * 1000))
         self._write = link.client.register_script(_WRITE_LUA)
         self._acquire = link.client.register_script(_ACQUIRE_LUA)
@@ -231,7 +302,8 @@ class RedisBreakerState:
 
     async def write(self, snap: Snapshot) -> bool:
         """Store and publish `snap` unless Redis holds newer; False if Redis is unreachable."""
-        args = (*snap, self.channel, snap.encode(), _RECORD_TTL_MS)
+        fields = (snap.state, snap.since_us, snap.opened_us, snap.failures, snap.origin)
+        args = (*fields, self.channel, snap.encode(), _RECORD_TTL_MS, snap.level)
         keys = [self.key, *self.slots]
         result = await self._link.run(lambda r: self._write(keys=keys, args=args, client=r))
         return result is not UNAVAILABLE
@@ -259,6 +331,15 @@ class RedisBreakerState:
         if not index:
             return SlotGrant(False)
         return SlotGrant(True, self.slots[int(index) - 1], token)
+
+    async def take_lease(self, seconds: float) -> bool:
+        """Whether this replica sends the next active probe: the first to SET NX the lease, which
+        then stands for `seconds`, so the fleet sends one probe per interval. When Redis cannot
+        be asked each replica probes on its own."""
+        token = f"{self._instance}:{next(self._tokens)}"
+        ms = max(1, int(seconds * 1000))
+        taken = await self._link.run(lambda r: r.set(self.lease, token, nx=True, px=ms))
+        return True if taken is UNAVAILABLE else bool(taken)
 
     async def release_probe(self, grant: SlotGrant) -> None:
         """Free a slot we hold; if Redis is unreachable, its lease frees it instead."""
@@ -340,13 +421,35 @@ class _Transitions(pybreaker.CircuitBreakerListener):
         self._on_change(old, new_state.name)
 
 
+# The breaker and epoch that admitted the request running in this context: `halts_retries` is
+# asked from inside the request (the retry loop), and only a probe may retry while half-open.
+_ADMITTED: ContextVar[tuple[Breaker, int] | None] = ContextVar("breaker_admitted", default=None)
+
+# A request waiting for a fleet-wide probe slot looks again this often: a slot freed on another
+# replica without a decision (a tolerated failure) announces itself to nobody.
+_SLOT_POLL: Final = 0.25
+
+
 class Breaker:
     """The breaker policy: fails fast with CircuitOpen while the route's vendor is unwell.
 
     pybreaker counts outcomes and decides transitions; outcomes are replayed into it with
-    `call` once the awaited upstream answer is known. Half-open admits `half_open_probes`
-    requests fleet-wide; the rest are refused until a probe decides. With a RedisLink, call
-    `start()` to follow the shared state and `stop()` at shutdown.
+    `call` once the awaited upstream answer is known. Around that state machine:
+
+    - each opening lasts `config.open_seconds(level)`; the level counts consecutive openings
+      and drops to 0 once a request gets through the closed circuit;
+    - half-open admits `half_open_probes` requests fleet-wide and reopens only when the trial
+      can no longer reach `success_threshold` successes (one unlucky probe is survived);
+    - a request that would be refused waits instead, up to `max_wait` (and at most half of what
+      its deadline leaves), for the circuit to admit it: the end of the opening, a probe's
+      verdict, a close;
+    - with `probe` (and a `send_probe`), one replica at a time sends the operator's probe every
+      `probe.every` while the circuit is not closed; a healthy answer closes it;
+    - after a close, `slow_start` readmits traffic gradually: each request takes an evenly spread
+      place in the ramp and waits for it, so a backlog reaches a recovering vendor spread out.
+
+    Call `start()` to run the background tasks (Redis sync, active probes) and `stop()` at
+    shutdown.
     """
 
     def __init__(
@@ -359,6 +462,7 @@ class Breaker:
         *,
         probe_lease: float = 30.0,
         sync_interval: float = 1.0,
+        send_probe: ProbeSender | None = None,
     ) -> None:
         self.route = route
         self.config = config
@@ -377,6 +481,17 @@ class Breaker:
         # Bumped on every transition: an outcome only counts in the state it was admitted in.
         self._epoch = 0
         self._probes = 0  # probes in flight here during the current half-open epoch
+        self._half_open_failures = 0  # failed probes of the current half-open trial
+        self._level = 0  # consecutive openings; 0 once a request got through a closed circuit
+        self._open_for = config.open_seconds(1)  # how long the current opening lasts
+        self._confirmed = True  # a request got through since the circuit last closed
+        self._probe_trusted = True  # False once a probe's close was followed by a trip
+        self._closing_by = ""  # "probe" or "reset" while we close the circuit ourselves
+        self._ramp_from: float | None = None  # clock.now() of the close slow start ramps from
+        self._place = 0.0  # the last slow-start place handed out
+        self._change: asyncio.Future[None] | None = None  # resolved by the next transition
+        self._send_probe = send_probe if config.probe is not None else None
+        self._running = False
         self._shared = (
             RedisBreakerState(link, route, config.half_open_probes, probe_lease) if link else None
         )
@@ -394,21 +509,39 @@ class Breaker:
         """closed, half_open or open."""
         return _NAMES[self._storage.state]
 
+    @property
+    def level(self) -> int:
+        """Consecutive openings so far (0 once a request got through the closed circuit)."""
+        return self._level
+
+    def halts_retries(self) -> bool:
+        """Whether the request being handled should stop retrying: the circuit is open, or it
+        is half-open and the request is not one of its probes (it was admitted before the trip;
+        with short openings its retry would otherwise land as an extra, ungated probe)."""
+        state = self._storage.state
+        if state == pybreaker.STATE_CLOSED:
+            return False
+        if state == pybreaker.STATE_OPEN:
+            return True
+        admitted = _ADMITTED.get()
+        return admitted is None or admitted[0] is not self or admitted[1] != self._epoch
+
     def seconds_until_half_open(self) -> float:
         """Seconds until an open circuit admits a probe; 0 when it is not open."""
         if self._storage.state != pybreaker.STATE_OPEN:
             return 0.0
-        return max(0.0, self.config.reset_timeout - self._storage.seconds_open())
+        return max(0.0, self._open_for - self._storage.seconds_open())
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         """Refuse while open; otherwise call on and count the outcome."""
         probe: _Probe | None = None
-        if self._storage.state == pybreaker.STATE_CLOSED:
+        if self._storage.state == pybreaker.STATE_CLOSED and self._ramp_from is None:
             flow.breaker = CLOSED
             epoch = self._epoch
         else:
             probe = await self._admit(flow)
             epoch = self._epoch if probe is None else probe.epoch
+        admitted = _ADMITTED.set((self, epoch))
         try:
             reply = await call_next(flow)
         except VendorFailure:
@@ -417,18 +550,27 @@ class Breaker:
             self._record(epoch, failed=True)
             raise
         finally:
+            _ADMITTED.reset(admitted)
             if probe is not None:
                 self._end_probe(probe)
         self._record(epoch, failed=Outcome.of_status(reply.status).is_vendor_failure)
         return reply
 
     async def start(self) -> None:
-        """Start following the shared state; returns once subscribed (or Redis found down)."""
-        if self._shared is None or self._tasks:
+        """Start the background tasks; returns once subscribed to the shared state (or Redis
+        found down)."""
+        if self._running:
+            return
+        self._running = True
+        if self._send_probe is not None:
+            self._tasks.append(
+                asyncio.create_task(self._probe_loop(), name=f"breaker-probe-{self.route}")
+            )
+        if self._shared is None:
             return
         self._shared.running = True
         subscribed = asyncio.Event()
-        self._tasks = [
+        self._tasks += [
             asyncio.create_task(self._sync(), name=f"breaker-sync-{self.route}"),
             asyncio.create_task(
                 self._shared.listen(self._apply, self._wake.set, self._sync_interval, subscribed),
@@ -442,62 +584,141 @@ class Breaker:
 
     async def stop(self) -> None:
         """Stop the background tasks, pushing a last unsynced transition if Redis allows."""
-        if self._shared is None:
-            return
-        self._shared.running = False
-        self._wake.set()
+        self._running = False
+        if self._shared is not None:
+            self._shared.running = False
+            self._wake.set()
         pending, self._tasks = set(self._tasks), []
         while pending:
             for task in pending:
                 task.cancel()
             _, pending = await asyncio.wait(pending, timeout=0.5)
-        await self._flush()
+        if self._shared is not None:
+            await self._flush()
 
     async def reset(self) -> None:
-        """Close the circuit (admin endpoint), here and for every replica."""
+        """Close the circuit (admin endpoint), here and for every replica: no slow start, and
+        the next opening is a first one again."""
         self._storage.reset_counter()
-        if self._storage.state == pybreaker.STATE_CLOSED:
-            self._share(CLOSED)
-        else:
-            self._cb.close()  # the transition listener shares it
+        self._closing_by = "reset"
+        try:
+            if self._storage.state == pybreaker.STATE_CLOSED:
+                self._confirm()
+                self._ramp_from = None
+                self._share(CLOSED)
+            else:
+                self._cb.close()  # the transition listener shares it
+        finally:
+            self._closing_by = ""
         if self._shared is not None:
             await self._flush()
 
     # -- admission and outcomes ----------------------------------------------------------------
 
     async def _admit(self, flow: Flow) -> _Probe | None:
-        """Admit a half-open probe or raise CircuitOpen; None if it closed while we asked Redis."""
-        if self._storage.state == pybreaker.STATE_OPEN:
-            wait = self.seconds_until_half_open()
-            if wait > 0:
-                raise self._refusal(flow, wait)
-            self._cb.half_open()
-        if self._probes >= self.config.half_open_probes:
-            raise self._refusal(flow, 1.0)
-        self._probes += 1
-        epoch = self._epoch
-        slot = None
-        if self._shared is not None:
-            grant = await self._shared.acquire_probe()
-            if epoch != self._epoch:
-                # Another probe or replica decided while we waited on Redis.
-                if grant.key is not None:
-                    self._release(grant)
-                if self._storage.state == pybreaker.STATE_CLOSED:
+        """Admit the request: as a probe while half-open, else (closed) None. Waits while the
+        breaker may admit it within the request's allowance; raises CircuitOpen otherwise."""
+        hold_until: float | None = None  # when waiting for an open circuit stops
+        place: float | None = None  # the request's place in a slow-start ramp
+        while True:
+            now = self._clock.now()
+            if self._storage.state == pybreaker.STATE_CLOSED:
+                if place is None:
+                    place = self._next_place()
+                delay = self._ramp_delay(place, now)
+                if delay <= 0:
                     flow.breaker = CLOSED
                     return None
-                raise self._refusal(flow, max(1.0, self.seconds_until_half_open()))
-            if not grant.admitted:
-                self._probes -= 1
+                # The ramp must leave the call itself at least as much time as it takes.
+                if delay > (flow.deadline - now) / 2:
+                    raise self._ramp_refusal(flow, delay)
+                await self._pause(flow, delay)
+                continue
+            if hold_until is None:
+                hold_until = now + max(0.0, min(self.config.max_wait, (flow.deadline - now) / 2))
+            left = hold_until - now
+            if self._storage.state == pybreaker.STATE_OPEN:
+                until = self.seconds_until_half_open()
+                if until <= 0:
+                    self._cb.half_open()
+                    continue
+                # Only the end of the opening, or an active probe, can admit it sooner.
+                if left <= 0 or (until > left and not self._probing()):
+                    raise self._refusal(flow, until)
+                await self._pause(flow, min(until, left))
+                continue
+            if self._probes < self.config.half_open_probes:
+                self._probes += 1
+                epoch = self._epoch
+                grant = SlotGrant(True)
+                if self._shared is not None:
+                    try:
+                        grant = await self._shared.acquire_probe()
+                    except asyncio.CancelledError:
+                        if epoch == self._epoch:
+                            self._probes -= 1  # the agent left; a slot taken meanwhile lapses
+                        raise
+                    if epoch != self._epoch:
+                        # Another probe or replica decided while we waited on Redis: look again.
+                        if grant.key is not None:
+                            self._release(grant)
+                        continue
+                    if not grant.admitted:
+                        self._probes -= 1
+                if grant.admitted:
+                    flow.breaker = HALF_OPEN
+                    # Without a key Redis is unreachable, and the local gate decides alone.
+                    return _Probe(epoch, grant if grant.key is not None else None)
+                left = hold_until - self._clock.now()
+            if left <= 0:
                 raise self._refusal(flow, 1.0)
-            # Without a key Redis is unreachable, and the local gate decides alone.
-            slot = grant if grant.key is not None else None
-        flow.breaker = HALF_OPEN
-        return _Probe(epoch, slot)
+            await self._pause(flow, left if self._shared is None else min(left, _SLOT_POLL))
+
+    async def _pause(self, flow: Flow, seconds: float) -> None:
+        """Wait up to `seconds` on our clock, or until the breaker's state changes."""
+        started = self._clock.now()
+        change = self._next_change()
+        sleep = asyncio.ensure_future(self._clock.sleep(seconds))
+        try:
+            await asyncio.wait((sleep, change), return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            sleep.cancel()
+            flow.waited_seconds += self._clock.now() - started
+
+    def _next_change(self) -> asyncio.Future[None]:
+        """A future the next transition resolves (shared by everyone waiting for it)."""
+        if self._change is None or self._change.done():
+            self._change = asyncio.get_running_loop().create_future()
+        return self._change
+
+    def _changed(self) -> None:
+        change, self._change = self._change, None
+        if change is not None and not change.done():
+            change.set_result(None)
+
+    def _next_place(self) -> float:
+        self._place = (self._place + _GOLDEN) % 1.0
+        return self._place
+
+    def _ramp_delay(self, place: float, now: float) -> float:
+        """Seconds until slow start admits the request at `place` (0 <= place < 1); 0 once it
+        does. The admitted share grows linearly from 0 to all over `slow_start`."""
+        if self._ramp_from is None:
+            return 0.0
+        elapsed = now - self._ramp_from
+        if elapsed >= self.config.slow_start:
+            self._ramp_from = None
+            return 0.0
+        return max(0.0, place * self.config.slow_start - elapsed)
+
+    def _probing(self) -> bool:
+        """Whether an active probe may close the circuit before the opening ends."""
+        return self._send_probe is not None and self._running and self._probe_trusted
 
     def _end_probe(self, probe: _Probe) -> None:
         if probe.epoch == self._epoch:
             self._probes -= 1
+            self._changed()  # a waiting request may take the freed slot
         if probe.slot is not None:
             self._release(probe.slot)
 
@@ -505,10 +726,23 @@ class Breaker:
         if epoch != self._epoch:
             return  # admitted under an earlier state; that state's fate is already decided
         storage = self._storage
-        if not failed and storage.counter == 0 and storage.state == pybreaker.STATE_CLOSED:
-            return  # the common case, and a no-op for pybreaker
+        if not failed and storage.state == pybreaker.STATE_CLOSED:
+            if not self._confirmed:
+                self._confirm()
+            if storage.counter == 0:
+                return  # the common case, and a no-op for pybreaker
+        if failed and storage.state == pybreaker.STATE_HALF_OPEN:
+            self._half_open_failures += 1
+            if self._half_open_failures <= self.config.tolerated_failures:
+                return  # the trial can still succeed: one unlucky probe does not reopen it
         with contextlib.suppress(_VendorUnwell):
             self._cb.call(_replay, failed)
+
+    def _confirm(self) -> None:
+        """A request got through the closed circuit: the vendor is back for real."""
+        self._confirmed = True
+        self._level = 0
+        self._probe_trusted = True
 
     def _refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
         flow.breaker = OPEN
@@ -526,6 +760,48 @@ class Breaker:
             headers={"X-Circuit": "open"},
         )
 
+    def _ramp_refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
+        flow.breaker = "slow_start"
+        return CircuitOpen(
+            f"{self.route}: the vendor just recovered and traffic returns gradually over "
+            f"{seconds_text(self.config.slow_start)}; retry in {seconds_text(retry_after)}",
+            route=self.route,
+            attempts=flow.attempts,
+            retry_after_s=retry_after,
+            headers={"X-Circuit": "slow-start"},
+        )
+
+    # -- active probes ---------------------------------------------------------------------------
+
+    async def _probe_loop(self) -> None:
+        """While the circuit is not closed, send the probe every `probe.every` (one replica at a
+        time with Redis); a healthy answer closes the circuit."""
+        probe, send = self.config.probe, self._send_probe
+        assert probe is not None and send is not None
+        while self._running:
+            if self._storage.state == pybreaker.STATE_CLOSED or not self._probe_trusted:
+                await asyncio.wait((self._next_change(),))
+                continue
+            await self._clock.sleep(probe.every)  # the vendor just failed: give it a moment
+            if self._storage.state == pybreaker.STATE_CLOSED or not self._probe_trusted:
+                continue
+            if self._shared is not None and not await self._shared.take_lease(probe.every):
+                continue  # another replica sends this one
+            try:
+                status = await send()
+            except ProxyError as exc:
+                healthy, answer = False, exc.reason
+            else:
+                healthy, answer = probe.healthy(status), str(status)
+            self._events.breaker_probe(self.route, "ok" if healthy else "failed")
+            if healthy and self._storage.state != pybreaker.STATE_CLOSED and self._probe_trusted:
+                log.info("breaker_closed_by_probe", route=self.route, answer=answer)
+                self._closing_by = "probe"
+                try:
+                    self._cb.close()
+                finally:
+                    self._closing_by = ""
+
     # -- transitions and the shared record -----------------------------------------------------
 
     def _on_transition(self, old: str, new: str) -> None:
@@ -533,8 +809,28 @@ class Breaker:
             return  # pybreaker re-enters the same state on close() of a closed breaker
         self._epoch += 1
         self._probes = 0
+        self._half_open_failures = 0
         state = _NAMES[new]
+        if state == OPEN:
+            self._ramp_from = None
+            if not self._applying_remote:  # a remote opening brought its level along
+                fresh = old == pybreaker.STATE_CLOSED and self._confirmed
+                self._level = 1 if fresh else min(self._level + 1, _MAX_LEVEL)
+            self._open_for = self.config.open_seconds(self._level)
+            if old == pybreaker.STATE_CLOSED and not self._confirmed:
+                # A probe closed it and it tripped before any request got through: the probe
+                # answers while requests fail. Until one gets through, half-open decides alone.
+                self._probe_trusted = False
+        elif state == CLOSED:
+            ramp = self.config.slow_start > 0 and self._closing_by != "reset"
+            self._ramp_from = self._clock.now() if ramp else None
+            if not self._applying_remote:
+                if self._closing_by == "probe":
+                    self._confirmed = False  # the level stands until a request gets through
+                else:
+                    self._confirm()  # half-open successes are requests that got through
         self._events.breaker_transition(self.route, state)
+        self._changed()
         # Half-open is derived from opened_at by every replica, so only open/closed are shared.
         if state != HALF_OPEN and not self._applying_remote:
             self._share(state)
@@ -543,7 +839,9 @@ class Breaker:
         """Stamp a local transition and queue it for Redis."""
         since = max(int(self._clock.wall() * 1_000_000), self._snapshot.since_us + 1)
         opened = int(self._storage.opened_wall * 1_000_000)
-        self._snapshot = Snapshot(state, since, opened, self._storage.counter, self._origin)
+        self._snapshot = Snapshot(
+            state, since, opened, self._storage.counter, self._origin, self._level
+        )
         if self._shared is not None:
             self._dirty = True
             self._wake.set()
@@ -560,10 +858,18 @@ class Breaker:
             # Monotonic clocks differ between processes; the wall time maps onto ours.
             storage.mark_opened(self._clock.now() - max(0.0, self._clock.wall() - wall), wall)
             storage.set_counter(snap.failures)
+            # Level 0 comes from a replica that predates adaptive open times: a first opening.
+            self._level = max(1, snap.level)
+            self._open_for = self.config.open_seconds(self._level)
             target = pybreaker.STATE_OPEN
         else:
             storage.reset_counter()
             storage.reset_success_counter()
+            self._level = snap.level  # above 0: closed by a probe, not yet confirmed
+            if snap.level == 0:
+                self._confirm()
+            else:
+                self._confirmed = False
             target = pybreaker.STATE_CLOSED
         if storage.state != target:
             storage.state = target

@@ -12,13 +12,10 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Literal
-from urllib.parse import parse_qsl, urlencode
-
-import orjson
-from multidict import CIMultiDict
+from urllib.parse import parse_qsl
 
 from policies.backoff import parse_retry_after
 from policies.core.clock import Clock
@@ -27,22 +24,13 @@ from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Classifier, Outcome
 from policies.core.redislink import UNAVAILABLE, RedisLink
-from policies.profiles import (
-    QueryRef,
-    SearchRequest,
-    SearchResult,
-    VendorProfile,
-    build_search,
-    extract_query,
-    extract_results,
-    normalize_results,
-    read_options,
-    render_answer,
-)
+from policies.profiles import QueryRef, VendorProfile, extract_query
+from policies.translate import Provider, Translated, ask, read_search
 
-DEFAULT_RESULTS = 5
 # How often a replica asks Redis whether another replica benched a vendor.
 _EXHAUSTED_REFRESH = 1.0
+# A vendor's reset hint may say anything; a day covers daily quotas.
+MAX_BENCH = 86_400.0
 
 
 @dataclass(frozen=True)
@@ -54,19 +42,6 @@ class FallbackConfig:
     # answer first, then stale.
     prefer: Literal["stale", "fresh"] = "stale"
     exhausted_for: float = 600.0  # benched after an exhausted-plan answer without a reset hint
-
-
-@dataclass(frozen=True)
-class Provider:
-    """A fallback as this policy sees it: another route's chain and what it needs to call it."""
-
-    name: str
-    profile: VendorProfile
-    handler: Handler
-    classify: Classifier
-    headers: tuple[tuple[str, str], ...]  # that route's configured headers (its own key)
-    total: float  # that route's timeouts.total
-    available: Callable[[], bool]  # false while its breaker is open or its key is missing
 
 
 class Exhausted:
@@ -143,34 +118,55 @@ class Failover:
         # True when the route injects its own key: a spent plan is the fleet's, not a caller's.
         self.shared_key = shared_key
 
-    def _bench_key(self, flow: Flow) -> str:
-        return self.route if self.shared_key else f"{self.route}|{flow.client}"
+    def _bench_key(self, flow: Flow) -> str | None:
+        """Whose plan a terminal answer spends: the route's own key (the fleet's), or the
+        caller's key; None when the caller sent none we can tell apart (never bench them all)."""
+        if self.shared_key:
+            return self.route
+        return f"{self.route}|{flow.client}" if flow.client else None
 
-    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+    def _is_search(self, flow: Flow) -> QueryRef | None:
+        """The query of a search call this route can translate; None for other endpoints."""
+        path = self.profile.search_path
+        if path is not None and flow.path.rstrip("/") != path.rstrip("/"):
+            return None  # /answer, /extract, news ... are not searches another vendor can answer
         query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
         ref = extract_query(self.profile, path=flow.path, query=query, body=flow.body)
-        if ref is None or not ref.is_text:
-            return await call_next(flow)  # not a search this route can translate
-        benched = await self.exhausted.remaining(self._bench_key(flow))
+        return ref if ref is not None and ref.is_text else None
+
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        ref = self._is_search(flow)
+        if ref is None:
+            return await call_next(flow)
+        key = self._bench_key(flow)
+        tried = False  # the fallbacks were asked already (while the vendor is benched)
+        benched = await self.exhausted.remaining(key) if key is not None else 0.0
         if benched > 0:
             answer = await self._fall_back(flow, ref, f"plan exhausted ({math.ceil(benched)}s)")
             if answer is not None:
                 return answer
+            tried = True
         try:
             reply = await call_next(flow)
         except ClientFault:
             raise
         except ProxyError as failure:
-            answer = await self._fall_back(flow, ref, failure.type)
+            answer = None if tried else await self._fall_back(flow, ref, failure.type)
             if answer is None:
                 raise
             return answer
-        outcome = self.classify(reply)
-        if outcome is Outcome.TERMINAL:
-            await self.exhausted.mark(self._bench_key(flow), self._bench_for(reply))
-        elif not outcome.is_vendor_failure:
-            return reply
-        answer = await self._fall_back(flow, ref, f"upstream {reply.status}")
+        try:
+            outcome = self.classify(reply)
+            if outcome is Outcome.TERMINAL:
+                if key is not None:
+                    await self.exhausted.mark(key, self._bench_for(reply))
+            elif not outcome.is_vendor_failure:
+                return reply
+            why = f"upstream {reply.status}"
+            answer = None if tried else await self._fall_back(flow, ref, why)
+        except BaseException:
+            reply.discard()  # a failed stream's connection goes back, whatever happened
+            raise
         if answer is None:
             return reply
         reply.discard()
@@ -179,96 +175,42 @@ class Failover:
     def _bench_for(self, reply: Reply) -> float:
         """How long a spent plan stays benched: the vendor's reset hint, else the config's."""
         hinted = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
-        return hinted if hinted is not None and hinted > 0 else self.config.exhausted_for
+        if hinted is None or hinted <= 0:
+            return self.config.exhausted_for
+        return min(hinted, MAX_BENCH)
 
     async def _fall_back(self, flow: Flow, ref: QueryRef, why: str) -> Reply | None:
         """The first fallback's answer (results, or else an empty one), or None."""
-        now = datetime.fromtimestamp(self.clock.wall(), UTC)
-        params = dict(parse_qsl(flow.query_string, keep_blank_values=True))
-        asked = read_options(self.profile, flow.method, flow.path, params, flow.body, now=now)
-        count = asked.max_results or DEFAULT_RESULTS
-        options = replace(asked, max_results=count)
-        empty: Reply | None = None
+        wall = datetime.fromtimestamp(self.clock.wall(), UTC)
+        search = read_search(self.profile, flow, ref, wall)
+        empty: Translated | None = None
         for provider in self.providers():
             if not provider.available():
                 self.events.failover(self.route, provider.name, "skipped")
                 continue
-            request, dropped = build_search(provider.profile, ref.text, options, now=now)
-            try:
-                reply = await provider.handler(self._flow(provider, request, flow))
-            except ProxyError:
-                self.events.failover(self.route, provider.name, "failed")
-                continue
-            outcome = provider.classify(reply)
-            if outcome not in (Outcome.OK, Outcome.EMPTY):
-                reply.discard()
-                self.events.failover(self.route, provider.name, "failed")
-                continue
-            results = normalize_results(
-                extract_results(provider.profile, _json(reply.body)), max_results=count
+            answer = await ask(
+                self.profile, provider, search, flow, now=self.clock.now(), wall=wall
             )
-            answer = self._answer(provider, results, ref.text, reply, flow, why, dropped)
-            if results:
+            if answer is None:
+                self.events.failover(self.route, provider.name, "failed")
+            elif answer.has_results:
                 self.events.failover(self.route, provider.name, "answered")
-                return answer
-            self.events.failover(self.route, provider.name, "empty")
-            empty = empty or answer
-        return empty
+                return self._answer(answer, flow, why)
+            else:
+                self.events.failover(self.route, provider.name, "empty")
+                empty = empty or answer
+        return None if empty is None else self._answer(empty, flow, why)
 
-    def _flow(self, provider: Provider, request: SearchRequest, origin: Flow) -> Flow:
-        headers: CIMultiDict[str] = CIMultiDict(provider.headers)
-        headers.update(request.headers)
-        body = b""
-        if request.json_body is not None:
-            body = orjson.dumps(request.json_body)
-            headers["Content-Type"] = "application/json"
-        headers["X-Request-Id"] = origin.request_id
-        now = self.clock.now()
-        return Flow(
-            route=provider.name,
-            method=request.method,
-            path=request.path,
-            query_string=urlencode(request.query_params),
-            headers=headers,
-            body=body,
-            request_id=origin.request_id,
-            client="",  # the agent's key for the primary never reaches another vendor
-            deadline=now + provider.total,
-            started=now,
-        )
-
-    def _answer(
-        self,
-        provider: Provider,
-        results: list[SearchResult],
-        query: str,
-        reply: Reply,
-        flow: Flow,
-        why: str,
-        dropped: tuple[str, ...],
-    ) -> Reply:
-        body = orjson.dumps(render_answer(self.profile, results, query))
-        headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
-        flow.provider = provider.name
-        flow.reply_headers["X-Search-Provider"] = provider.name
+    def _answer(self, answer: Translated, flow: Flow, why: str) -> Reply:
+        """`answer` as the agent gets it, the flow annotated with where it came from."""
+        flow.provider = answer.provider
+        flow.reply_headers["X-Search-Provider"] = answer.provider
         flow.reply_headers["X-Search-Failover"] = f"{self.route} failed: {why}"
-        if dropped:  # options the fallback vendor cannot honour: its results ignore them
-            flow.reply_headers["X-Search-Dropped-Options"] = ",".join(dropped)
+        if answer.dropped:  # options the fallback vendor cannot honour: its results ignore them
+            flow.reply_headers["X-Search-Dropped-Options"] = ",".join(answer.dropped)
         else:
             flow.reply_headers.pop("X-Search-Dropped-Options", None)
-        # The fallback route's own cache may have answered: say so, as it said it.
-        for name in ("Age", "X-Cache", "Cache-Status"):
-            if name in reply.headers:
-                headers[name] = reply.headers[name]
-        headers.setdefault(
-            "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{provider.name}"
+        answer.reply.headers.setdefault(
+            "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{answer.provider}"
         )
-        reply.discard()
-        return Reply(200, headers, body, provider=provider.name)
-
-
-def _json(body: bytes) -> object:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+        return answer.reply

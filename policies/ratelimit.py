@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal, Protocol, TypeAlias
@@ -17,7 +18,7 @@ import structlog
 from policies.backoff import parse_retry_after
 from policies.core.clock import Clock
 from policies.core.errors import RateLimited, seconds_text
-from policies.core.events import Events
+from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.redislink import LATE, UNAVAILABLE, RedisLink
 
@@ -29,6 +30,9 @@ _EPSILON = 1e-5
 MAX_PAUSE = 86_400.0
 # A token granted later than this before the request's deadline would only buy a timeout.
 ROOM_FOR_ATTEMPT = 0.25
+# Buckets one route keeps in a process by default (`rate_limit.max_clients`): with `key: client`
+# every caller has its own, and callers cost nothing to invent.
+MAX_CLIENTS = 10_000
 
 
 @dataclass(frozen=True)
@@ -39,6 +43,7 @@ class RateLimitConfig:
     burst: int
     key: Literal["route", "client"] = "route"
     client_header: str | None = None  # identity header for key=client; default: credentials
+    max_clients: int = MAX_CLIENTS  # buckets held in this process; the least recent go first
     # Longest a request queues for a token before it is refused; None: as long as its deadline
     # leaves room for the attempt itself.
     max_wait: float | None = None
@@ -124,15 +129,36 @@ class BucketStore(Protocol):
 
 
 class MemoryBuckets:
-    """Buckets in this process: the store without Redis, and the fallback while Redis is down."""
+    """Buckets in this process: the store without Redis, and the fallback while Redis is down.
 
-    def __init__(self, rate: float, burst: int, clock: Clock) -> None:
+    At most `max_keys` buckets: past that, the least recently used one is evicted (its caller
+    starts again from a full bucket), so callers inventing identities cannot grow the map.
+    `events.buckets` reports the count and the evictions under `route`.
+    """
+
+    def __init__(
+        self,
+        rate: float,
+        burst: int,
+        clock: Clock,
+        *,
+        max_keys: int = MAX_CLIENTS,
+        route: str = "",
+        events: Events | None = None,
+    ) -> None:
         TokenBucket(rate, burst, 0.0)  # validate once at start-up, not on first use
+        if max_keys < 1:
+            raise ValueError(f"max_keys must be at least 1, got {max_keys!r}")
         self.rate = rate
         self.burst = burst
         self.clock = clock
-        self._buckets: dict[str, TokenBucket] = {}
-        # Per-client keys are unbounded; idle buckets are dropped when the map doubles.
+        self.max_keys = max_keys
+        self.route = route
+        self.events = events or NullEvents()
+        self.evicted = 0
+        # Least recently used first.
+        self._buckets: OrderedDict[str, TokenBucket] = OrderedDict()
+        # Idle buckets are dropped when the map doubles, well before the LRU bound bites.
         self._sweep_at = 1024
 
     def take(self, key: str, max_wait: float) -> Decision:
@@ -157,14 +183,22 @@ class MemoryBuckets:
 
     def _bucket(self, key: str, now: float) -> TokenBucket:
         bucket = self._buckets.get(key)
-        if bucket is None:
-            if len(self._buckets) >= self._sweep_at:
-                self._sweep(now)
-            bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, now)
+        if bucket is not None:
+            self._buckets.move_to_end(key)
+            return bucket
+        if len(self._buckets) >= self._sweep_at:
+            self._sweep(now)
+        evicted = 0
+        while len(self._buckets) >= self.max_keys:
+            self._buckets.popitem(last=False)
+            evicted += 1
+        self.evicted += evicted
+        bucket = self._buckets[key] = TokenBucket(self.rate, self.burst, now)
+        self.events.buckets(self.route, len(self._buckets), evicted)
         return bucket
 
     def _sweep(self, now: float) -> None:
-        self._buckets = {k: b for k, b in self._buckets.items() if not b.idle(now)}
+        self._buckets = OrderedDict((k, b) for k, b in self._buckets.items() if not b.idle(now))
         self._sweep_at = max(1024, 2 * len(self._buckets))
 
 
@@ -228,10 +262,22 @@ class RedisBuckets:
     tokens while Redis answers, so each replica starts an outage with a full burst.
     """
 
-    def __init__(self, link: RedisLink, rate: float, burst: int, clock: Clock) -> None:
+    def __init__(
+        self,
+        link: RedisLink,
+        rate: float,
+        burst: int,
+        clock: Clock,
+        *,
+        max_keys: int = MAX_CLIENTS,
+        route: str = "",
+        events: Events | None = None,
+    ) -> None:
         self.link = link
         self.clock = clock
-        self.local = MemoryBuckets(rate, burst, clock)
+        self.local = MemoryBuckets(
+            rate, burst, clock, max_keys=max_keys, route=route, events=events
+        )
         self._interval_ms = repr(1000.0 / rate)
         self._burst = str(burst)
         self._prefix = link.key("ratelimit", "{")
@@ -270,11 +316,20 @@ class RedisBuckets:
         await self.link.run(lambda r: self._pause(keys=keys, args=args, client=r))
 
 
-def bucket_store(config: RateLimitConfig, clock: Clock, link: RedisLink | None) -> BucketStore:
-    """The store for one route: shared through Redis when a link is configured, else in-process."""
+def bucket_store(
+    config: RateLimitConfig,
+    clock: Clock,
+    link: RedisLink | None,
+    *,
+    route: str = "",
+    events: Events | None = None,
+) -> BucketStore:
+    """The store for one route: shared through Redis when a link is configured, else in-process.
+    Either way at most `config.max_clients` buckets stay in this process."""
+    rate, burst, bound = config.rate, config.burst, config.max_clients
     if link is None:
-        return MemoryBuckets(config.rate, config.burst, clock)
-    return RedisBuckets(link, config.rate, config.burst, clock)
+        return MemoryBuckets(rate, burst, clock, max_keys=bound, route=route, events=events)
+    return RedisBuckets(link, rate, burst, clock, max_keys=bound, route=route, events=events)
 
 
 Hint = Callable[[Reply], float | None]

@@ -1,8 +1,10 @@
-"""Operator endpoints: breaker state and reset, cache purge.
+"""Operator endpoints: breaker state and reset, cache purge, on a listener of their own
+(`server.admin_host`:`server.admin_port`, loopback by default), never on the agents' port.
 
 With `server.admin_token` set (or SEARCH_PROXY_ADMIN_TOKEN in the environment), every admin
-call needs `Authorization: Bearer <token>`. Without a token, only loopback callers may use them:
-an admin surface reachable beyond loopback is never open.
+call needs `Authorization: Bearer <token>`. Without a token, only loopback callers may use them,
+and the proxy refuses to start with admin_host off loopback: an admin surface reachable beyond
+loopback is never open. A token must be a real one (16+ characters, not a placeholder).
 """
 
 from __future__ import annotations
@@ -10,7 +12,7 @@ from __future__ import annotations
 import hmac
 import ipaddress
 import os
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 
 import orjson
 from aiohttp import web
@@ -18,11 +20,37 @@ from aiohttp import web
 from policies.breaker import Breaker
 from policies.cache import StaleCache
 from policies.core.errors import ProxyError
+from proxy.clients import is_loopback_host, token_problem
+from proxy.config import ConfigError, ConfigErrors, ServerConfig
 from proxy.dialects import error_response
 from proxy.errors import NotFound, Unauthorized
 from proxy.pipeline import Route
 
 TOKEN_ENV = "SEARCH_PROXY_ADMIN_TOKEN"
+
+
+def admin_token(server: ServerConfig, env: Mapping[str, str] = os.environ) -> str | None:
+    """The admin token in force: server.admin_token, else SEARCH_PROXY_ADMIN_TOKEN. A weak
+    one, or an admin_host off loopback without one, is a ConfigError (start-up refuses it)."""
+    token = server.admin_token or env.get(TOKEN_ENV) or None
+    errors = []
+    problem = token_problem(token) if token is not None else None
+    if problem is not None:
+        errors.append(
+            ConfigError("server.admin_token" if server.admin_token else TOKEN_ENV, problem)
+        )
+    if token is None and not is_loopback_host(server.admin_host):
+        errors.append(
+            ConfigError(
+                "server.admin_host",
+                f"{server.admin_host} is not a loopback address and no admin token is set: "
+                "anyone reaching it could purge caches and reset breakers; set "
+                f"server.admin_token (or {TOKEN_ENV}), or keep admin_host on 127.0.0.1",
+            )
+        )
+    if errors:
+        raise ConfigErrors(errors)
+    return token
 
 
 def _is_loopback(remote: str | None) -> bool:

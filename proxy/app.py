@@ -1,7 +1,8 @@
 """The aiohttp application: reserved endpoints, and the one handler every proxied request takes.
 
 Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz, /metrics,
-/admin/..., /v1/search. Config refuses route prefixes that collide with them.
+/v1/search, /openapi.json; /admin/... only says where the admin listener is (`build_admin_app`).
+Config refuses route prefixes that collide with them.
 """
 
 from __future__ import annotations
@@ -22,10 +23,13 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError, StreamCut
 from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
-from proxy.admin import Admin
+from policies.quota import DailyQuota, quota_store
+from proxy.admin import Admin, admin_token
+from proxy.clients import ClientGate, keyless_routes
 from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.errors import (
@@ -37,16 +41,15 @@ from proxy.errors import (
 )
 from proxy.forward import request_headers
 from proxy.guard import cut_reason
-from proxy.logs import redact_query
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, Route, build_route
+from proxy.redact import redact_query
 from proxy.routing import Router
-from proxy.search_api import SearchApi
+from proxy.search_api import SearchApi, SearchTrace
 
 log = structlog.get_logger("search_proxy")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
-CREDENTIAL_HEADERS = ("Authorization", "X-API-KEY", "X-Subscription-Token", "Api-Key")
 # Refused whatever the path: CONNECT would open a tunnel; TRACE and TRACK echo the request,
 # credentials included, back to the caller. No vendor API uses them.
 REFUSED_METHODS = frozenset({"CONNECT", "TRACE", "TRACK"})
@@ -64,6 +67,7 @@ class ProxyState:
     router: Router[Route] | None = None
     search_api: SearchApi | None = None
     admin: Admin | None = None
+    clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
     session: aiohttp.ClientSession | None = None
     redis: RedisLink | None = None
     log_requests: bool = True
@@ -73,11 +77,18 @@ STATE = web.AppKey("state", ProxyState)
 
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
-    """A short, stable hash of the caller's credentials ("" when it sent none)."""
-    parts = [headers.get(h, "") for h in CREDENTIAL_HEADERS]
-    if not any(parts):
+    """A short, stable hash of the caller's credentials, every header whose name is one
+    (policies/core/credentials.py); "" when it sent none."""
+    parts = sorted(
+        (name.lower(), value)
+        for name, value in headers.items()
+        if value and is_credential_name(name)
+    )
+    if not parts:
         return ""
-    return hashlib.blake2b("\n".join(parts).encode(), digest_size=8).hexdigest()
+    text = "\n".join(f"{name}:{value}" for name, value in parts)
+    # surrogateescape: a header's non-UTF-8 bytes count as they came, and never raise.
+    return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
 
 
 async def _read_body(request: web.Request, limit: int) -> bytes:
@@ -180,6 +191,9 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             raise _refused_method(request.method)
         route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
         route.metrics.in_flight.inc()
+        caller = None
+        if state.clients is not None:  # before anything is read, counted or sent
+            caller = await state.clients.admit(route.profile, request.headers, target.query_string)
         body = await _read_body(request, state.config.server.max_body_bytes)
         timeouts = route.config.timeouts
         flow = Flow(
@@ -200,10 +214,12 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             ),
             body=body,
             request_id=rid,
-            client=client_identity(request.headers),
+            client=caller.name if caller is not None else client_identity(request.headers),
             deadline=started + timeouts.total,
             started=started,
         )
+        if caller is not None:
+            caller.scrub(flow)  # the client token never reaches the vendor
         reply = await route.handler(flow)
         status = reply.status
         answering = True
@@ -272,6 +288,7 @@ def _log_request(
         cache=flow.cache if flow else None,
         breaker=flow.breaker if flow else None,
         provider=flow.provider if flow else None,
+        hedges=flow.hedges or None if flow else None,
         cut=cut,
     )
 
@@ -310,21 +327,80 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
 
 
 async def search_endpoint(request: web.Request) -> web.Response:
-    """POST /v1/search: one normalised search across the configured providers."""
-    if request.method != "POST":
-        err = MethodNotAllowed(
-            f"{request.method} /v1/search is not supported: send POST with a JSON body like "
-            '{"query": "..."}',
-            route="search",
-            headers={"Allow": "POST"},
-        )
-        return error_response(err, request.headers.get("X-Request-Id", ""))
-    return await request.app[STATE].search_api.handle(request)  # type: ignore[union-attr]
+    """POST /v1/search: one normalised search across the configured providers; one access-log
+    line like every request's, with the providers tried and the vendor calls made."""
+    state = request.app[STATE]
+    started = state.clock.now()
+    rid = _request_id(request)
+    trace = SearchTrace()
+    status = 500
+    try:
+        if request.method != "POST":
+            err = MethodNotAllowed(
+                f"{request.method} /v1/search is not supported: send POST with a JSON body like "
+                '{"query": "..."}',
+                route="search",
+                headers={"Allow": "POST"},
+            )
+            response = error_response(err, rid)
+        else:
+            api = state.search_api
+            assert api is not None  # built at start-up, before the first request
+            gate = state.clients  # with clients: a known token as `Authorization: Bearer`
+            try:
+                caller = await gate.admit(None, request.headers, "") if gate else None
+            except ProxyError as err:
+                response = error_response(err, rid)
+            else:
+                response = await api.handle(request, rid, trace, caller.name if caller else "")
+        status = response.status
+        return response
+    except (ConnectionError, asyncio.CancelledError):
+        status = 499
+        raise
+    finally:
+        if state.log_requests:
+            _log_search(request, rid, trace, status, state.clock.now() - started)
+
+
+def _log_search(
+    request: web.Request, rid: str, trace: SearchTrace, status: int, elapsed: float
+) -> None:
+    """The access-log line of a /v1/search request: `attempts` counts its vendor calls."""
+    log.info(
+        "request",
+        request_id=rid,
+        route="search",
+        method=request.method,
+        path=request.path,
+        query=redact_query(request.query_string) if request.query_string else None,
+        status=status,
+        duration_ms=round(elapsed * 1000, 2),
+        queries=trace.queries,
+        providers=trace.providers or None,
+        attempts=trace.calls,
+    )
+
+
+async def openapi_endpoint(request: web.Request) -> web.Response:
+    """GET /openapi.json: the OpenAPI 3.1 document of /v1/search, with this config's limits."""
+    api = request.app[STATE].search_api
+    assert api is not None  # built at start-up, before the first request
+    return await api.openapi(request)
 
 
 async def admin_endpoint(request: web.Request) -> web.Response:
     """/admin/*: breaker state and reset, cache purge (see proxy/admin.py for access)."""
     return await request.app[STATE].admin.dispatch(request)  # type: ignore[union-attr]
+
+
+async def admin_elsewhere(request: web.Request) -> web.Response:
+    """/admin/* on the agents' port: not here, and says where."""
+    err = NotFound(
+        "the admin endpoints are not served on this port: they have a listener of their own "
+        "(server.admin_host:server.admin_port, 127.0.0.1:8081 unless configured)"
+    )
+    return error_response(err, _request_id(request))
 
 
 @web.middleware
@@ -393,7 +469,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.routes = deps.routes
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
     state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
-    state.admin = Admin(state.routes, state.config.server.admin_token)
+    state.admin = Admin(state.routes, admin_token(state.config.server))
+    _identify_clients(state)
     for route in state.routes.values():
         if route.breaker is not None:
             await route.breaker.start()
@@ -406,6 +483,31 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await state.session.close()
         if state.redis is not None:
             await state.redis.close()
+
+
+def _identify_clients(state: ProxyState) -> None:
+    """The client gate when `clients:` is configured; warnings for what it leaves open."""
+    config = state.config
+    if not config.clients:
+        for name, cfg in config.routes.items():
+            if cfg.rate_limit is not None and cfg.rate_limit.key == "client":
+                log.warning(
+                    "client_key_unverified",
+                    route=name,
+                    hint="rate_limit.key: client keys on credentials any caller can make up; "
+                    "configure clients: to identify callers",
+                )
+        return
+    limits = {n: c.daily_requests for n, c in config.clients.items() if c.daily_requests}
+    quota = DailyQuota(limits, quota_store(state.clock, state.redis))
+    state.clients = ClientGate(config.clients, quota, state.metrics)
+    for name in keyless_routes(state.routes):
+        log.warning(
+            "route_injects_no_key",
+            route=name,
+            hint="with clients configured the agent's token is not forwarded: set the vendor "
+            "key in this route's headers.set, or its vendor answers without one",
+        )
 
 
 def build_app(
@@ -429,9 +531,19 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_route("*", "/v1/search", search_endpoint)
-    app.router.add_get("/openapi.json", SearchApi.openapi)
-    app.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
-    app.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
-    app.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")
+    app.router.add_get("/openapi.json", openapi_endpoint)
+    app.router.add_route("*", "/admin", admin_elsewhere)
+    app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     return app
+
+
+def build_admin_app(app: web.Application) -> web.Application:
+    """The admin endpoints of the proxy `app`, for their own listener: start it after `app`,
+    whose start-up builds the routes they act on."""
+    admin = web.Application(middlewares=[own_error_shape])
+    admin[STATE] = app[STATE]
+    admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
+    admin.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
+    admin.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")
+    return admin

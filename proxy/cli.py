@@ -17,8 +17,15 @@ import yaml
 from aiohttp import web
 
 from proxy import __version__
-from proxy.app import build_app
-from proxy.config import REDACTED, Config, ConfigError, ConfigErrors, load_config, redacted
+from proxy.app import build_admin_app, build_app
+from proxy.config import (
+    Config,
+    ConfigError,
+    ConfigErrors,
+    load_config,
+    redacted,
+    secret_values,
+)
 from proxy.guard import (
     CUT_MARGIN_S,
     LISTEN_BACKLOG,
@@ -27,6 +34,7 @@ from proxy.guard import (
     connection_budget,
 )
 from proxy.logs import configure_logging
+from proxy.redact import REDACTED
 from proxy.startup import check_startup
 
 EXIT_CONFIG = 2
@@ -35,7 +43,7 @@ EXIT_CONFIG = 2
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="search-proxy",
-        usage="%(prog)s [--config FILE] [--host HOST] [--port PORT]\n"
+        usage="%(prog)s [--config FILE] [--host HOST] [--port PORT] [--admin-port PORT]\n"
         "       %(prog)s check-config FILE\n"
         "       %(prog)s --version",
         description="A resilience proxy between AI agents and web-search APIs. Without a "
@@ -49,6 +57,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--host", help="override server.host")
     parser.add_argument("--port", type=_port, help="override server.port (0 = any free port)")
+    parser.add_argument(
+        "--admin-port",
+        type=_port,
+        metavar="PORT",
+        help="override server.admin_port, the admin endpoints' listener (0 = any free port)",
+    )
     parser.add_argument("--version", action="version", version=f"search-proxy {__version__}")
     commands = parser.add_subparsers(dest="command", title="commands")
     check = commands.add_parser(
@@ -105,10 +119,26 @@ def check_config(path: str) -> int:
     return 0
 
 
-async def serve(config: Config, host: str, port: int) -> None:
-    """Serve until SIGTERM or SIGINT, then drain: in-flight requests get shutdown_grace, those
-    still running are cut (answered 503 shutting_down, or logged `cut: shutdown` mid-stream) and
-    the process exits within shutdown_grace plus about a second."""
+class CannotListen(Exception):
+    """A listening socket could not be opened (address in use, no permission ...)."""
+
+    def __init__(self, host: str, port: int, reason: str) -> None:
+        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+
+
+async def _listen(site: web.TCPSite, host: str, port: int) -> None:
+    try:
+        await site.start()
+    except OSError as exc:
+        raise CannotListen(host, port, exc.strerror or str(exc)) from exc
+
+
+async def serve(config: Config, host: str, port: int, admin_port: int | None = None) -> None:
+    """Serve agents on host:port and the admin endpoints on their own listener
+    (server.admin_host, `admin_port` or server.admin_port) until SIGTERM or SIGINT, then drain:
+    in-flight requests get shutdown_grace, those still running are cut (answered 503
+    shutting_down, or logged `cut: shutdown` mid-stream) and the process exits within
+    shutdown_grace plus about a second."""
     log = structlog.get_logger("search_proxy")
     loop = asyncio.get_running_loop()
     max_connections, open_files = connection_budget(config.server)
@@ -134,13 +164,33 @@ async def serve(config: Config, host: str, port: int) -> None:
         handle_signals=False,
     )
     await runner.setup()
-    site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True)
-    await site.start()
+    admin_runner = GuardedRunner(
+        build_admin_app(app),
+        limits,
+        access_log=None,
+        shutdown_timeout=CUT_MARGIN_S,
+        handle_signals=False,
+    )
+    admin_host = config.server.admin_host
+    admin_port = config.server.admin_port if admin_port is None else admin_port
+    try:
+        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True)
+        await _listen(site, host, port)
+        await admin_runner.setup()
+        await _listen(web.TCPSite(admin_runner, admin_host, admin_port), admin_host, admin_port)
+    except CannotListen:
+        if admin_runner.server is not None:
+            await admin_runner.cleanup()
+        await runner.cleanup()
+        raise
     bound = runner.addresses[0]
+    admin_bound = admin_runner.addresses[0]
     log.info(
         "listening",
         host=bound[0],
         port=bound[1],
+        admin_host=admin_bound[0],
+        admin_port=admin_bound[1],
         routes={name: r.prefix for name, r in config.routes.items()},
         redis="configured" if config.redis else "in-process state",
         max_connections=max_connections,
@@ -154,6 +204,7 @@ async def serve(config: Config, host: str, port: int) -> None:
     log.info(
         "shutting_down", grace_s=grace, in_flight=runner.guarded.in_flight if runner.guarded else 0
     )
+    await admin_runner.cleanup()
     await runner.stop_accepting()
     cut = await runner.drain(deadline)
     await runner.cleanup()
@@ -175,11 +226,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG
-    configure_logging(config.log.level, config.log.format)
+    configure_logging(config.log.level, config.log.format, secrets=secret_values(config))
     host = opts.host or config.server.host
     port = config.server.port if opts.port is None else opts.port
     try:
-        asyncio.run(serve(config, host, port))
+        asyncio.run(serve(config, host, port, opts.admin_port))
+    except CannotListen as exc:
+        print(f"search-proxy: {exc}", file=sys.stderr)
+        return 1
     except OSError as exc:
         print(f"search-proxy: cannot listen on {host}:{port}: {exc.strerror}", file=sys.stderr)
         return 1

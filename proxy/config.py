@@ -7,6 +7,7 @@ duration like 10s, got "ten"`). Unknown keys are errors: a typo must not silentl
 from __future__ import annotations
 
 import ipaddress
+import json
 import math
 import os
 import re
@@ -18,15 +19,17 @@ from enum import Enum
 from pathlib import Path
 from types import MappingProxyType
 from typing import Any, TypeVar
-from urllib.parse import urlsplit
+from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
-from policies.breaker import BreakerConfig
+from policies.breaker import BreakerConfig, ProbeConfig
 from policies.cache import CacheConfig
+from policies.core.credentials import is_credential_name
 from policies.core.errors import seconds_text
 from policies.core.outcome import RETRY_CONDITIONS, Outcome
 from policies.failover import FallbackConfig
+from policies.hedge import HedgeBudgetConfig, HedgeConfig
 from policies.profiles import (
     BUILTIN_PROFILES,
     QUERY_KINDS,
@@ -37,23 +40,16 @@ from policies.profiles import (
 from policies.ratelimit import RateLimitConfig
 from policies.retry import BackoffConfig, BudgetConfig, RetryAfterConfig, RetryConfig
 from policies.search import SearchConfig
-from proxy.logs import SECRET_KEYS
+from proxy.redact import REDACTED, redact_url
 
 T = TypeVar("T")
 
+# Upper bounds of search_api.max_batch and max_calls_per_request: a batch is answered in one
+# response, and every call it makes holds an upstream connection.
+MAX_BATCH_LIMIT = 100
+MAX_CALLS_LIMIT = 10_000
 # Paths the proxy answers itself; no route may claim them.
 RESERVED_PATHS = ("/healthz", "/readyz", "/metrics", "/admin", "/v1/search", "/openapi.json")
-SECRET_HEADERS = frozenset(
-    h.lower()
-    for h in (
-        "Authorization",
-        "Proxy-Authorization",
-        "X-API-KEY",
-        "X-Subscription-Token",
-        "Api-Key",
-        "Cookie",
-    )
-)
 # The words a retry `on:` list takes besides status codes.
 RETRY_WORDS = ("429", "5xx", *RETRY_CONDITIONS)
 
@@ -101,10 +97,22 @@ _Loader.add_implicit_resolver(
 )
 
 
+# The value a reason quotes (`expected a string, got 12345`), left out where it is a secret.
+_QUOTED_VALUE = re.compile(r",? got .*$", re.S)
+
+
+def _holds_secret(path: str) -> bool:
+    """A YAML path whose value is a secret: a headers.set value, or a key named like one."""
+    last = re.split(r"[.\[\]]+", path.rstrip("]"))[-1]
+    return ".headers.set." in f".{path}" or is_credential_name(last)
+
+
 class ConfigError(Exception):
-    """A config problem, located by its YAML path."""
+    """A config problem, located by its YAML path; never quoting a secret's value."""
 
     def __init__(self, path: str, reason: str) -> None:
+        if path and _holds_secret(path):
+            reason = _QUOTED_VALUE.sub("", reason)
         super().__init__(f"{path}: {reason}" if path else reason)
         self.path = path
         self.reason = reason
@@ -182,6 +190,9 @@ class ServerConfig:
     max_body_bytes: int = 1024 * 1024
     shutdown_grace: float = 20.0
     admin_token: str | None = None
+    # The admin endpoints' own listener; off loopback only with admin_token (proxy/admin.py).
+    admin_host: str = "127.0.0.1"
+    admin_port: int = 8081
     upstream_connections: int = 256
     upstream_connections_per_host: int = 64
     keepalive_timeout: float = 15.0  # the upstream pool's idle connections
@@ -233,6 +244,7 @@ class RouteConfig:
     cache: CacheConfig | None = None
     search: SearchConfig | None = None
     fallback: FallbackConfig | None = None
+    hedge: HedgeConfig | None = None
     # The largest answer read from the vendor, counted after decompression.
     max_response_bytes: int = 8 * 1024 * 1024
 
@@ -243,6 +255,20 @@ class SearchApiConfig:
     max_results: int = 5
     blocked_domains: tuple[str, ...] = ()
     blocked_extensions: tuple[str, ...] = ()
+    # Bounds on what one request may ask: queries in a batch, providers it names (None: as many
+    # as are configured, each once), and vendor calls in all (retries, variants, failovers).
+    max_batch: int = 20
+    max_providers: int | None = None
+    max_calls_per_request: int = 100
+
+
+@dataclass(frozen=True)
+class ClientConfig:
+    """One agent the proxy knows (`clients.<name>`): its token and its daily quota."""
+
+    name: str
+    token: str = field(repr=False)
+    daily_requests: int | None = None  # None: no quota
 
 
 @dataclass(frozen=True)
@@ -253,6 +279,8 @@ class Config:
     log: LogConfig = LogConfig()
     search_api: SearchApiConfig = SearchApiConfig()
     profiles: Mapping[str, VendorProfile] = field(default_factory=lambda: MappingProxyType({}))
+    # Empty: callers are not identified (any credential passes through to the vendor).
+    clients: Mapping[str, ClientConfig] = field(default_factory=lambda: MappingProxyType({}))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -429,6 +457,14 @@ def _methods(value: Any, path: str) -> frozenset[str]:
     return frozenset(m.upper() for m in methods)
 
 
+def _header_names(value: Any, path: str) -> tuple[str, ...]:
+    names = _str_list(value, path)
+    for i, name in enumerate(names):
+        if not _HEADER_NAME.match(name):
+            raise ConfigError(f"{path}[{i}]", f"expected a header name, got {name!r}")
+    return names
+
+
 def _mapping(
     value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
 ) -> dict[str, Any]:
@@ -494,6 +530,8 @@ def _server(raw: Any, path: str) -> ServerConfig:
             "max_body_bytes": parse_size,
             "shutdown_grace": parse_duration,
             "admin_token": _str,
+            "admin_host": _host,
+            "admin_port": _port,
             "upstream_connections": lambda v, p: _int(v, p, 1),
             "upstream_connections_per_host": lambda v, p: _int(v, p, 0),
             "keepalive_timeout": parse_duration,
@@ -518,11 +556,11 @@ def _redis(raw: Any, path: str) -> RedisConfig:
         parts = urlsplit(cfg.url)
         port = parts.port
     except ValueError as exc:  # `redis://[::1`, a port out of range or not a number
-        raise ConfigError(where, f"{exc}: {cfg.url!r}") from None
+        raise ConfigError(where, f"{exc}: {redact_url(cfg.url)!r}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(where, f"expected a redis:// URL, got {cfg.url!r}")
+        raise ConfigError(where, f"expected a redis:// URL, got {redact_url(cfg.url)!r}")
     if port == 0:
-        raise ConfigError(where, f"port must be from 1 to 65535: {cfg.url!r}")
+        raise ConfigError(where, f"port must be from 1 to 65535: {redact_url(cfg.url)!r}")
     return cfg
 
 
@@ -647,6 +685,7 @@ def _rate_limit(raw: Any, path: str) -> RateLimitConfig:
             "burst": lambda v, p: _int(v, p, 1, 1_000_000),
             "key": lambda v, p: _choice(v, p, ("route", "client")),
             "client_header": _str,
+            "max_clients": lambda v, p: _int(v, p, 1, 10_000_000),
             "max_wait": parse_duration,
         },
         required=("rate", "burst"),
@@ -655,7 +694,7 @@ def _rate_limit(raw: Any, path: str) -> RateLimitConfig:
 
 
 def _breaker(raw: Any, path: str) -> BreakerConfig:
-    return _section(
+    cfg = _section(
         raw,
         path,
         BreakerConfig,
@@ -663,11 +702,74 @@ def _breaker(raw: Any, path: str) -> BreakerConfig:
             "fail_max": lambda v, p: _int(v, p, 1),
             # The shared breaker record lives a day: a longer open circuit would be forgotten.
             "reset_timeout": lambda v, p: _positive_duration(v, p, 86400.0),
+            "open_initial": lambda v, p: _positive_duration(v, p, 86400.0),
+            "open_multiplier": lambda v, p: _float(v, p, 1.0, 100.0),
             "success_threshold": lambda v, p: _int(v, p, 1),
             # One Redis slot key per probe.
             "half_open_probes": lambda v, p: _int(v, p, 1, 100),
+            "max_wait": parse_duration,
+            "slow_start": parse_duration,
+            "probe": _breaker_probe,
         },
     )
+    if cfg.open_initial is not None and cfg.open_initial > cfg.reset_timeout:
+        default = "" if isinstance(raw, dict) and "reset_timeout" in raw else ", the default"
+        raise ConfigError(
+            _join(path, "open_initial"),
+            f"must not exceed reset_timeout ({seconds_text(cfg.reset_timeout)}{default}), "
+            "the longest an opening lasts",
+        )
+    return cfg
+
+
+def _breaker_probe(raw: Any, path: str) -> ProbeConfig:
+    return _section(
+        raw,
+        path,
+        ProbeConfig,
+        {
+            "every": _positive_duration,
+            "method": lambda v, p: _choice(
+                v.upper() if isinstance(v, str) else v, p, ("GET", "HEAD", "POST")
+            ),
+            "path": _probe_path,
+            "body": _probe_body,
+            "expect": lambda v, p: _statuses(v if isinstance(v, list) else [v], p),
+        },
+        required=("every",),
+    )
+
+
+def _probe_path(value: Any, path: str) -> str:
+    """A path under the route's upstream, as a request's would be after the prefix, and an
+    optional `?query`."""
+    text = _str(value, path)
+    where, _, query = text.partition("?")
+    if (
+        not where.startswith("/")
+        or "//" in where
+        or any(seg in (".", "..") for seg in where.split("/"))
+        or set(where) - _PATH_CHARS - {"%"}
+        or any(c in query for c in " #")
+        or not query.isprintable()
+    ):
+        raise ConfigError(path, f"expected a path like /usage or /health?full=1, got {text!r}")
+    return text
+
+
+def _probe_body(value: Any, path: str) -> str:
+    """The probe's JSON body: a mapping or list (encoded here), or JSON text."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ConfigError(
+                path, f"expected JSON (it is sent as application/json), got {value!r}"
+            ) from None
+        return value
+    raise ConfigError(path, f"expected a mapping or JSON text, got {value!r}")
 
 
 def _cache(raw: Any, path: str) -> CacheConfig:
@@ -686,6 +788,7 @@ def _cache(raw: Any, path: str) -> CacheConfig:
             "max_bytes": parse_size,
             # 0 is meaningful: no cross-replica fetch lock (see FetchLock.acquire).
             "lock_wait": parse_duration,
+            "vary": _header_names,
         },
     )
     given = raw if isinstance(raw, dict) else {}
@@ -732,6 +835,37 @@ def _fallback(raw: Any, path: str) -> FallbackConfig:
     if not cfg.providers:
         raise ConfigError(_join(path, "providers"), "expected at least one route name")
     return cfg
+
+
+def _hedge_after(value: Any, path: str) -> float | str:
+    if value == "auto":
+        return "auto"
+    try:
+        return _positive_duration(value, path)
+    except ConfigError:
+        raise ConfigError(path, f"expected auto or a duration like 200ms, got {value!r}") from None
+
+
+def _hedge(raw: Any, path: str) -> HedgeConfig:
+    return _section(
+        raw,
+        path,
+        HedgeConfig,
+        {
+            "after": _hedge_after,
+            "percentile": lambda v, p: _float(v, p, 0.5, 0.999),
+            # Each extra is one more call per slow request: more than 3 only adds load.
+            "max_extra": lambda v, p: _int(v, p, 1, 3),
+            "budget": lambda v, p: _section(
+                v,
+                p,
+                HedgeBudgetConfig,
+                {"ratio": lambda v, p: _float(v, p, 0.0, 3.0), "min_per_s": _int},
+            ),
+            "to": lambda v, p: _choice(v, p, ("same", "fallback")),
+            "methods": _methods,
+        },
+    )
 
 
 def _upstream(value: Any, path: str) -> str:
@@ -789,6 +923,7 @@ _ROUTE_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "cache": _cache,
     "search": _search,
     "fallback": _fallback,
+    "hedge": _hedge,
     "max_response_bytes": lambda v, p: _int(parse_size(v, p), p, 1),
 }
 
@@ -808,8 +943,41 @@ def _route_sections(name: Any, raw: Any, path: str, collect: _Collector) -> dict
     return collect.parse(data, path, _ROUTE_PARSERS)
 
 
+def _one_line(value: Any, path: str) -> str:
+    """A non-empty string without control characters (it travels in a header)."""
+    text = _str(value, path)
+    if _FIELD_CONTROL.search(text):
+        raise ConfigError(path, "expected a one-line string value")
+    return text
+
+
+def _client(name: Any, raw: Any, path: str) -> ClientConfig:
+    if not isinstance(name, str) or not _ROUTE_NAME.match(name):
+        raise ConfigError(
+            path,
+            "a client name is 1-63 lower-case letters, digits, - and _, starting with a letter "
+            f"or digit, got {name!r}",
+        )
+    if isinstance(raw, str):  # `name: ${TOKEN}`, the short form
+        raw = {"token": raw}
+    parsers = {"token": _one_line, "daily_requests": lambda v, p: _int(v, p, 1)}
+    return ClientConfig(name=name, **_fields(raw, path, parsers, required=("token",)))
+
+
+def _clients(raw: Any, path: str) -> Mapping[str, ClientConfig]:
+    """`clients:`: name -> token (or {token, daily_requests}); each bad client is reported."""
+    given = _mapping(raw, path, tuple(raw) if isinstance(raw, dict) else ())
+    collect = _Collector()
+    clients: dict[str, ClientConfig] = {}
+    for name, body in given.items():
+        with collect.part():
+            clients[name] = _client(name, body, _join(path, str(name)))
+    collect.raise_any()
+    return MappingProxyType(clients)
+
+
 def _search_api(raw: Any, path: str) -> SearchApiConfig:
-    return _section(
+    cfg = _section(
         raw,
         path,
         SearchApiConfig,
@@ -818,8 +986,20 @@ def _search_api(raw: Any, path: str) -> SearchApiConfig:
             "max_results": lambda v, p: _int(v, p, 1),
             "blocked_domains": _str_list,
             "blocked_extensions": _str_list,
+            "max_batch": lambda v, p: _int(v, p, 1, MAX_BATCH_LIMIT),
+            "max_providers": lambda v, p: _int(v, p, 1),
+            "max_calls_per_request": lambda v, p: _int(v, p, 1, MAX_CALLS_LIMIT),
         },
     )
+    if cfg.max_calls_per_request < cfg.max_batch:
+        given = raw if isinstance(raw, dict) else {}
+        where = "max_calls_per_request" if "max_calls_per_request" in given else "max_batch"
+        raise ConfigError(
+            _join(path, where),
+            f"max_calls_per_request ({cfg.max_calls_per_request}) must be at least max_batch "
+            f"({cfg.max_batch}): a full batch needs one vendor call per query",
+        )
+    return cfg
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1087,6 +1267,16 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
             )
 
     for name, route in routes.items():
+        hedge = route.hedge
+        if hedge is not None and hedge.to == "fallback" and route.fallback is None:
+            collect.add(f"routes.{name}.hedge.to", "fallback needs the route's fallback section")
+        fixed = hedge.after if hedge is not None and hedge.after != "auto" else None
+        if fixed is not None and fixed >= route.timeouts.per_try:
+            collect.add(
+                f"routes.{name}.hedge.after",
+                f"must be shorter than timeouts.per_try ({seconds_text(route.timeouts.per_try)}): "
+                "the attempt times out before its hedge would be sent",
+            )
         for i, other in enumerate(route.fallback.providers if route.fallback else ()):
             where = f"routes.{name}.fallback.providers[{i}]"
             if route.search is None:
@@ -1096,6 +1286,25 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
                 continue  # that route's own errors are reported
             if other == name or other not in routes or routes[other].search is None:
                 collect.add(where, f"{other!r} is not another route with a search section")
+
+    # A fallback's chain has its own failover: a cycle would pass a search round for ever.
+    def fallbacks_of(name: str) -> tuple[str, ...]:
+        fallback = routes[name].fallback if name in routes else None
+        return fallback.providers if fallback is not None else ()
+
+    for name in routes:
+        reached, todo = {name}, list(fallbacks_of(name))
+        while todo:
+            other = todo.pop()
+            if other == name:
+                collect.add(
+                    f"routes.{name}.fallback",
+                    "fallbacks lead back to this route (a cycle); remove one fallback",
+                )
+                break
+            if other not in reached:
+                reached.add(other)
+                todo.extend(fallbacks_of(other))
 
     search_api = sections.get("search_api", SearchApiConfig())
     for i, provider in enumerate(search_api.providers):
@@ -1110,6 +1319,15 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         ordered = tuple(r.name for r in routes.values() if r.search is not None)
         search_api = replace(search_api, providers=ordered)
 
+    if data.get("clients"):  # checked even when a client is broken: it has its own errors
+        for name, route in routes.items():
+            if route.rate_limit is not None and route.rate_limit.client_header is not None:
+                collect.add(
+                    f"routes.{name}.rate_limit.client_header",
+                    "with clients configured, per-client limits key on the client's name, "
+                    "never on a header the caller chooses: remove client_header",
+                )
+
     # A value whose variable is unset is reported once, as unset, not also as malformed.
     found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
     if found:
@@ -1121,15 +1339,17 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         log=sections.get("log", LogConfig()),
         search_api=search_api,
         profiles=MappingProxyType(profiles),
+        clients=sections.get("clients", MappingProxyType({})),
     )
 
 
-_TOP_LEVEL_KEYS = ("server", "redis", "log", "routes", "search_api", "profiles")
+_TOP_LEVEL_KEYS = ("server", "redis", "log", "routes", "search_api", "profiles", "clients")
 _SECTION_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "server": _server,
     "redis": _optional(_redis),
     "log": _log,
     "search_api": _search_api,
+    "clients": _clients,
 }
 
 
@@ -1236,8 +1456,6 @@ def _yaml_problem(path: str | Path, exc: yaml.YAMLError, text: str) -> str:
 # ---------------------------------------------------------------------------------------------
 # Showing the effective config
 
-REDACTED = "<redacted>"
-
 
 def as_document(config: Config) -> dict[str, Any]:
     """The config as a YAML-shaped mapping that parse_config reads back into an equal Config.
@@ -1258,30 +1476,58 @@ def as_document(config: Config) -> dict[str, Any]:
     }
     if custom:
         doc["profiles"] = custom
+    if config.clients:
+        doc["clients"] = {
+            name: {k: v for k, v in _plain(client).items() if k != "name"}
+            for name, client in config.clients.items()
+        }
     return doc
 
 
 def redacted(config: Config) -> dict[str, Any]:
-    """`as_document(config)` with secrets replaced by "<redacted>", a placeholder to fill in."""
+    """`as_document(config)` with secrets replaced by "<redacted>", a placeholder to fill in:
+    credential-named server settings (admin_token), the Redis URL's userinfo and credential
+    parameters (`?password=`), every `headers.set` value, and a custom profile's
+    credential-named search headers and fields (the rule of policies/core/credentials.py)."""
     doc = as_document(config)
-    if "admin_token" in doc["server"]:
-        doc["server"]["admin_token"] = REDACTED
+    _redact_keys(doc["server"])
     if "redis" in doc:
-        parts = urlsplit(doc["redis"]["url"])
-        if parts.password:
-            netloc = parts.netloc.replace(f":{parts.password}@", f":{REDACTED}@")
-            doc["redis"]["url"] = parts._replace(netloc=netloc).geturl()
+        doc["redis"]["url"] = redact_url(doc["redis"]["url"])
     for route in doc["routes"].values():
-        _redact_keys(route["headers"]["set"], SECRET_HEADERS)
+        route["headers"]["set"] = dict.fromkeys(route["headers"]["set"], REDACTED)
+    for client in doc.get("clients", {}).values():
+        client["token"] = REDACTED
     for profile in doc.get("profiles", {}).values():
-        _redact_keys(profile.get("search_headers", {}), SECRET_HEADERS)
-        _redact_keys(profile.get("search_extra", {}), SECRET_KEYS)
+        _redact_keys(profile.get("search_headers", {}))
+        _redact_keys(profile.get("search_extra", {}))
     return doc
 
 
-def _redact_keys(mapping: dict[str, Any], secret: frozenset[str]) -> None:
+def secret_values(config: Config) -> tuple[str, ...]:
+    """The secrets a config holds, for the logs to hide wherever they turn up: every
+    `headers.set` value (and the token after its scheme, `Bearer <token>`), the admin token,
+    the Redis URL's passwords, clients' tokens, and profiles' credential-named values."""
+    found: list[str] = []
+    for route in config.routes.values():
+        for value in route.headers.set.values():
+            found += (value, value.partition(" ")[2].strip())
+    if config.server.admin_token:
+        found.append(config.server.admin_token)
+    if config.redis is not None:
+        parts = urlsplit(config.redis.url)
+        found += (parts.password or "", parts.username or "")
+        found += (v for k, v in parse_qsl(parts.query) if is_credential_name(k))
+    found += (client.token for client in config.clients.values())
+    for profile in config.profiles.values():
+        for key, value in (*profile.search_headers.items(), *profile.search_extra.items()):
+            if is_credential_name(key) and isinstance(value, str):
+                found.append(value)
+    return tuple(dict.fromkeys(v for v in found if v))
+
+
+def _redact_keys(mapping: dict[str, Any]) -> None:
     for key in mapping:
-        if key.lower() in secret:
+        if is_credential_name(key):
             mapping[key] = REDACTED
 
 

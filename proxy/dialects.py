@@ -34,7 +34,8 @@ MAX_REASON = 300  # every client seen keeps a reason phrase this long intact
 def reason_phrase(err: ProxyError) -> str:
     """The HTTP reason phrase: the message on one ASCII line (clients garble anything else)."""
     text = " ".join(f"search-proxy: {err.message}".split())
-    text = text.encode("ascii", "replace").decode("ascii")
+    # Printable ASCII only: a vendor's words may carry control bytes the status line refuses.
+    text = "".join(c if " " <= c <= "~" else "?" for c in text)
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 

@@ -33,6 +33,8 @@ from policies.core.errors import (
 from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
 from proxy.config import RouteConfig
+from proxy.errors import CallBudgetSpent
+from proxy.redact import redact_bytes
 
 HOP_BY_HOP = frozenset(
     {
@@ -250,6 +252,13 @@ class Upstream:
         slot = await self._slot(flow, budget)
         try:
             budget = self._budget(flow)
+            if flow.calls is not None and not flow.calls.spend():
+                raise CallBudgetSpent(
+                    f"{self.route}: this request already made its {flow.calls.limit} vendor "
+                    "calls (search_api.max_calls_per_request); send fewer queries or providers",
+                    route=self.route,
+                    attempts=flow.attempts,
+                )
             flow.attempts += 1
             reply = await self._exchange(flow, budget, slot)
         finally:
@@ -318,6 +327,12 @@ class Upstream:
                 body = await self._read(flow, resp)
                 return Reply(resp.status, headers, body)
         except AttemptFailed:
+            if resp is not None:
+                resp.close()
+            raise
+        except asyncio.CancelledError:
+            # A hedge that lost, or an agent that left: close the half-read answer now, so its
+            # connection leaves the pool at once instead of when the response is collected.
             if resp is not None:
                 resp.close()
             raise
@@ -466,6 +481,7 @@ class Upstream:
             detail = cause.message
         else:
             detail = str(exc)
+        detail = redact_bytes(detail)  # it may quote the vendor's bytes: a Set-Cookie, our key
         if isinstance(exc, aiohttp.ClientPayloadError) and not isinstance(
             cause, ContentEncodingError
         ):

@@ -17,6 +17,7 @@ import ctypes
 import gc
 import math
 import os
+import re
 import resource
 from collections.abc import Callable
 from typing import Any, cast
@@ -40,6 +41,7 @@ from proxy.errors import (
     RequestTimeout,
     TooManyConnections,
 )
+from proxy.redact import redact_text
 
 log = structlog.get_logger("search_proxy")
 
@@ -55,6 +57,9 @@ RECLAIM_AFTER = 512  # connections gone since the peak that make a flood worth r
 RECLAIM_DELAY_S = 1.0  # a flood leaves over a few milliseconds: reclaim once, after it
 _SUPPORTED = (HttpVersion10, HttpVersion11)
 _CLAIMED_VERSION = web.RequestKey("search_proxy_claimed_version", str)
+# From the first quoted literal on: aiohttp quotes the bytes it could not parse (a header line,
+# the request line with its query), as b'...' or '...'.
+_QUOTED = re.compile(r"""[\s:]*(?:\bb)?['"].*$""")
 
 
 class SendTimeout(ConnectionResetError):
@@ -195,15 +200,13 @@ def cut_reason(request: web.BaseRequest) -> str | None:
 
 
 def _problem(exc: BaseException | None, message: str | None) -> str:
-    """aiohttp's parse error in a few words, without echoing the agent's bytes back."""
+    """aiohttp's parse error in a few words, without echoing the agent's bytes: not back to
+    it, not into the log (they may hold an Authorization line or a key in the query)."""
     if isinstance(exc, LineTooLong):
         return "a request line or header field is too long"
-    lines = [
-        line.strip().rstrip(":")
-        for line in (message or "").splitlines()
-        if line.strip() and not line.strip().startswith(("b'", 'b"', "^"))
-    ]
-    return ": ".join(lines)[:200] or "unparseable request"
+    lines = [_QUOTED.sub("", line.strip()).rstrip(":") for line in (message or "").splitlines()]
+    text = ": ".join(line for line in lines if line and not line.startswith("^"))
+    return redact_text(text[:200]) or "unparseable request"
 
 
 def _log_refusal(request: BaseRequest | None, rid: str | None, err: ProxyError) -> None:

@@ -1,84 +1,117 @@
-"""structlog set-up: one JSON line per event, with credentials redacted wherever they appear."""
+"""structlog set-up: one JSON line per event, with credentials redacted wherever they appear,
+including in what aiohttp, asyncio and other libraries log through the standard logging module."""
 
 from __future__ import annotations
 
 import logging
 import re
 import sys
-from collections.abc import Mapping
+import traceback
+from collections.abc import Iterable, Mapping
 from typing import Any, TextIO
 
 import orjson
 import structlog
 
-REDACTED = "<redacted>"
-# Keys whose values are credentials, wherever they appear in an event (headers, bodies, config).
-SECRET_KEYS = frozenset(
-    {
-        "authorization",
-        "proxy-authorization",
-        "x-api-key",
-        "x-subscription-token",
-        "api-key",
-        "api_key",
-        "apikey",
-        "token",
-        "access_token",
-        "cookie",
-        "set-cookie",
-        "password",
-        "secret",
-        "admin_token",
-    }
-)
-# Query parameters that carry keys (SerpAPI's api_key, and the usual suspects).
-_QUERY_SECRET = re.compile(
-    r"(?i)(^|[?&])(api_key|apikey|key|token|access_token|auth|password|secret)=[^&#]*"
-)
-_BEARER = re.compile(r"(?i)\b(bearer|basic|token)\s+[A-Za-z0-9._~+/=-]{4,}")
+from policies.core.credentials import is_credential_name
+from proxy.redact import REDACTED, redact_bytes, redact_query, redact_text
+
+__all__ = ["REDACTED", "Redactor", "configure_logging", "redact_query", "redact_value"]
+
+# Shorter configured values (`free`, `json`) are not hidden wherever they appear: they would
+# hide ordinary words, and are no keys.
+MIN_SECRET_CHARS = 8
 
 
-def redact_query(query: str) -> str:
-    """A query string with the values of key-bearing parameters replaced."""
-    return _QUERY_SECRET.sub(lambda m: f"{m.group(1)}{m.group(2)}={REDACTED}", query)
-
-
-def redact_value(key: str, value: Any) -> Any:
-    """Redact one event value by its key, recursing into mappings and lists."""
-    if key.lower() in SECRET_KEYS:
+def redact_value(key: str, value: Any, known: re.Pattern[str] | None = None) -> Any:
+    """Redact one event value by its key (a credential name hides the whole value), recursing
+    into mappings and lists; text is searched for credentials in a recognisable shape and for
+    the `known` secrets."""
+    if value is not None and is_credential_name(key):
         return REDACTED
     if isinstance(value, str):
-        if "=" in value:
-            value = redact_query(value)
-        if " " in value:
-            value = _BEARER.sub(lambda m: f"{m.group(1)} {REDACTED}", value)
-        return value
+        value = redact_text(value)
+        return known.sub(REDACTED, value) if known is not None else value
     if isinstance(value, Mapping):
-        return {k: redact_value(str(k), v) for k, v in value.items()}
+        return {k: redact_value(str(k), v, known) for k, v in value.items()}
     if isinstance(value, list | tuple):
-        return [redact_value(key, v) for v in value]
+        return [redact_value(key, v, known) for v in value]
     return value
 
 
-def _redact(_: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
-    for key, value in event.items():
-        if isinstance(value, str | Mapping | list | tuple) or key.lower() in SECRET_KEYS:
-            event[key] = redact_value(key, value)
-    return event
+class Redactor:
+    """The structlog processor that hides credentials: values under credential names,
+    credentials in a recognisable shape inside text, and the config's own secrets (its
+    headers.set values, tokens, passwords) wherever they appear."""
+
+    def __init__(self, secrets: Iterable[str] = ()) -> None:
+        known = sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+        self.known = re.compile("|".join(map(re.escape, known))) if known else None
+
+    def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        for key, value in event.items():
+            if value is not None and (
+                isinstance(value, str | Mapping | list | tuple) or is_credential_name(key)
+            ):
+                event[key] = redact_value(key, value, self.known)
+        return event
 
 
 def _orjson_dumps(obj: Any, default: Any = None) -> bytes:
     return orjson.dumps(obj, default=default or str)
 
 
-def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | None = None) -> None:
-    """Set structlog up once per process; JSON by default, console lines for humans."""
+class StdlibBridge(logging.Handler):
+    """Writes the records of the standard logging module (aiohttp.server, aiohttp.access,
+    aiohttp.web, asyncio, ...) as our own redacted lines. aiohttp's errors quote the bytes of
+    a request they could not parse, an Authorization line among them: bytes literals are left
+    out of the message and the traceback."""
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            fields: dict[str, Any] = {"logger": record.name}
+            if record.exc_info and record.exc_info[1] is not None:
+                text = "".join(traceback.format_exception(*record.exc_info))
+                fields["exception"] = redact_bytes(text)
+            # make_filtering_bound_logger knows the standard levels only.
+            level = min(logging.CRITICAL, max(logging.DEBUG, record.levelno // 10 * 10))
+            message = redact_bytes(record.getMessage())
+            structlog.get_logger(record.name).log(level, message, **fields)
+        except Exception:  # a record that cannot be written is dropped, never half-written
+            self.handleError(record)
+
+    def handleError(self, record: logging.LogRecord) -> None:
+        # logging's own fallback prints the record's message and arguments to stderr unredacted.
+        return
+
+
+def _route_stdlib_logging(level: int) -> None:
+    """Every standard-library logger, and warnings, through StdlibBridge only: no handler
+    of logging's own (nor its last-resort stderr handler) writes a record unredacted."""
+    root = logging.getLogger()
+    for handler in list(root.handlers):
+        root.removeHandler(handler)
+    root.addHandler(StdlibBridge())
+    root.setLevel(level)
+    logging.captureWarnings(True)
+
+
+def configure_logging(
+    level: str = "info",
+    fmt: str = "json",
+    stream: TextIO | None = None,
+    secrets: Iterable[str] = (),
+) -> None:
+    """Set structlog up once per process; JSON by default, console lines for humans. `secrets`
+    (the config's, `secret_values`) never appear in a line, wherever they turn up."""
     out = stream or sys.stdout
+    numeric = logging.getLevelNamesMapping()[level.upper()]
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
-        _redact,
+        structlog.processors.format_exc_info,
+        Redactor(secrets),
     ]
     if fmt == "json":
         processors.append(structlog.processors.JSONRenderer(serializer=_orjson_dumps))
@@ -89,9 +122,8 @@ def configure_logging(level: str = "info", fmt: str = "json", stream: TextIO | N
         factory = structlog.PrintLoggerFactory(out)
     structlog.configure(
         processors=processors,
-        wrapper_class=structlog.make_filtering_bound_logger(
-            logging.getLevelNamesMapping()[level.upper()]
-        ),
+        wrapper_class=structlog.make_filtering_bound_logger(numeric),
         logger_factory=factory,
         cache_logger_on_first_use=True,
     )
+    _route_stdlib_logging(numeric)

@@ -5,7 +5,12 @@ Labels are bounded: route, status class, outcome, reason, decision. Never query 
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterable
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client.metrics_core import Metric
+from prometheus_client.registry import Collector
 
 from policies.core.outcome import Outcome
 
@@ -55,6 +60,39 @@ class RouteMetrics:
         self.requests[STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]].inc()
         self.duration.observe(seconds)
         self.overhead.observe(max(0.0, overhead))
+
+
+class _OpenTime(Collector):
+    """Keeps `search_proxy_breaker_open_seconds` current: registered before that counter, it adds
+    the time each not-closed circuit has been so since the last look, at every scrape and every
+    transition, so an hour-long outage shows while it lasts, not only once it ends."""
+
+    def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
+        self.now = now
+        self.counter: Counter | None = None
+        self.counted_to: dict[str, float] = {}  # route -> time counted up to, while not closed
+
+    def transition(self, route: str, state: str) -> None:
+        self.catch_up()
+        if state == "closed":
+            self.counted_to.pop(route, None)
+        else:
+            self.counted_to.setdefault(route, self.now())
+
+    def catch_up(self) -> None:
+        if self.counter is None:
+            return
+        now = self.now()
+        for route, since in self.counted_to.items():
+            self.counter.labels(route).inc(max(0.0, now - since))
+            self.counted_to[route] = now
+
+    def describe(self) -> Iterable[Metric]:
+        return ()
+
+    def collect(self) -> Iterable[Metric]:
+        self.catch_up()
+        return ()
 
 
 class Metrics:
@@ -128,6 +166,26 @@ class Metrics:
             buckets=WAIT_BUCKETS,
             registry=r,
         )
+        self.ratelimit_buckets = Gauge(
+            "search_proxy_ratelimit_buckets",
+            "Rate-limit buckets held in this process (one per caller with key: client), at most "
+            "rate_limit.max_clients.",
+            ["route"],
+            registry=r,
+        )
+        self.ratelimit_buckets_evicted = Counter(
+            "search_proxy_ratelimit_buckets_evicted",
+            "Least-recently-used rate-limit buckets dropped to stay within rate_limit.max_clients.",
+            ["route"],
+            registry=r,
+        )
+        self.clients_refused = Counter(
+            "search_proxy_clients_refused",
+            "Requests refused before any vendor call because of the caller: unknown_token (no "
+            "known client token, with clients: configured) or quota (daily quota used).",
+            ["reason"],
+            registry=r,
+        )
         self.breaker_state = Gauge(
             "search_proxy_breaker_state",
             "Circuit breaker state: 0 closed, 1 half-open, 2 open.",
@@ -138,6 +196,23 @@ class Metrics:
             "search_proxy_breaker_transitions",
             "Circuit breaker transitions, by the state entered.",
             ["route", "to"],
+            registry=r,
+        )
+        self.open_time = _OpenTime()
+        r.register(self.open_time)  # before its counter: each scrape brings the counter up to date
+        self.breaker_open_seconds = Counter(
+            "search_proxy_breaker_open_seconds",
+            "Seconds the circuit breaker was not closed (open or half-open), current at each "
+            "scrape.",
+            ["route"],
+            registry=r,
+        )
+        self.open_time.counter = self.breaker_open_seconds
+        self.breaker_probes = Counter(
+            "search_proxy_breaker_probes",
+            "Active probes the breaker sent while not closed (breaker.probe), by result: ok or "
+            "failed.",
+            ["route", "result"],
             registry=r,
         )
         self.cache_results = Counter(
@@ -171,6 +246,13 @@ class Metrics:
             ["route", "provider", "result"],
             registry=r,
         )
+        self.hedges = Counter(
+            "search_proxy_hedges",
+            "Hedged attempts, by result: won (its answer was sent), lost (it failed), cancelled "
+            "(another attempt answered first); refused: not sent, the hedge budget was spent.",
+            ["route", "result"],
+            registry=r,
+        )
         self.redis_up = Gauge(
             "search_proxy_redis_up",
             "1 while Redis answers, 0 while shared state runs in-process.",
@@ -190,6 +272,7 @@ class Metrics:
         if bound is None:
             bound = self.routes[name] = RouteMetrics(self, name)
             self.breaker_state.labels(name)
+            self.breaker_open_seconds.labels(name)
         return bound
 
     # -- policies.core.events.Events ---------------------------------------------------------------
@@ -208,9 +291,18 @@ class Metrics:
         if decision == "delayed":
             self.ratelimit_wait.labels(route).observe(waited_s)
 
+    def buckets(self, route: str, held: int, evicted: int) -> None:
+        self.ratelimit_buckets.labels(route).set(held)
+        if evicted:
+            self.ratelimit_buckets_evicted.labels(route).inc(evicted)
+
     def breaker_transition(self, route: str, state: str) -> None:
         self.breaker_state.labels(route).set(BREAKER_STATES.get(state, 0))
         self.breaker_transitions.labels(route, state).inc()
+        self.open_time.transition(route, state)
+
+    def breaker_probe(self, route: str, result: str) -> None:
+        self.breaker_probes.labels(route, result).inc()
 
     def cache(self, route: str, result: str) -> None:
         self.cache_results.labels(route, result).inc()
@@ -223,6 +315,9 @@ class Metrics:
 
     def failover(self, route: str, provider: str, result: str) -> None:
         self.failovers.labels(route, provider, result).inc()
+
+    def hedge(self, route: str, result: str) -> None:
+        self.hedges.labels(route, result).inc()
 
     def redis_state(self, up: bool) -> None:
         self.redis_up.set(1 if up else 0)

@@ -44,7 +44,9 @@ def _domains(max_domains: int, what: str) -> dict[str, Any]:
     }
 
 
-def openapi_document(*, max_batch: int, max_results: int, max_domains: int) -> dict[str, Any]:
+def openapi_document(
+    *, max_batch: int, max_results: int, max_domains: int, max_providers: int | None = None
+) -> dict[str, Any]:
     """The document; limits come from the search API so the two cannot disagree."""
     error_types = [
         "bad_request",
@@ -81,7 +83,10 @@ def openapi_document(*, max_batch: int, max_results: int, max_domains: int) -> d
                 "type": "array",
                 "items": {"type": "string"},
                 "minItems": 1,
-                "description": "Route names to try, in order (default: search_api.providers).",
+                **({"maxItems": max_providers} if max_providers is not None else {}),
+                "uniqueItems": True,
+                "description": "Route names to try, in order (default: search_api.providers); "
+                "search routes only, each at most once.",
             },
             "time_range": {
                 "type": "string",

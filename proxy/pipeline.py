@@ -3,12 +3,14 @@
 The order is fixed (README, "How a request flows"); policies a route does not configure are
 left out:
 
-    search guard -> cache -> breaker -> search recovery -> retry -> rate limit -> upstream
+    search guard -> [failover] -> cache -> [failover] -> breaker -> search recovery -> retry
+                 -> hedge -> rate limit -> upstream
 
 The guard refuses bad queries before anything is spent. The cache sits outside the breaker and
 the limiter so an open circuit or a refused token can still be answered stale. The breaker sees
-one outcome per request, after retries. The limiter sits inside the retry loop so that every
-attempt, and only attempts that reach the vendor, spends a token.
+one outcome per request, after retries and hedges. The hedge races each attempt of the retry
+loop against the hedges it sends, above the limiter: every attempt, hedges included, and only
+attempts that reach the vendor, spends a token.
 """
 
 from __future__ import annotations
@@ -19,20 +21,24 @@ from dataclasses import dataclass, field
 import aiohttp
 
 from policies.breaker import Breaker
-from policies.cache import StaleCache, build_store, default_storable
+from policies.cache import KnownCredentials, StaleCache, build_store, default_storable
 from policies.core.clock import Clock
+from policies.core.credentials import is_credential_name
 from policies.core.events import Events
 from policies.core.flow import Handler, Policy, Reply, compose
 from policies.core.outcome import Classifier, Outcome, status_outcome
 from policies.core.redislink import RedisLink
-from policies.failover import Exhausted, Failover, Provider
-from policies.profiles import VendorProfile, ratelimit_hint
+from policies.failover import Exhausted, Failover
+from policies.hedge import Hedge
+from policies.profiles import VendorProfile, credential_slot, ratelimit_hint
 from policies.ratelimit import Hint, RateLimit, bucket_store, quota_hint
 from policies.retry import NO_RETRY, Retry
 from policies.search import SearchGuard, SearchRecovery, search_classifier
-from proxy.config import SECRET_HEADERS, Config, RouteConfig
+from policies.translate import Provider
+from proxy.config import Config, RouteConfig
 from proxy.forward import Upstream
 from proxy.metrics import Metrics, RouteMetrics
+from proxy.probe import probe_sender
 
 
 @dataclass
@@ -99,7 +105,11 @@ def _failover(cfg: RouteConfig, profile: VendorProfile, classify: Classifier, de
 
     if deps.exhausted is None:
         deps.exhausted = Exhausted(deps.clock, deps.redis)
-    injects_key = any(name.lower() in SECRET_HEADERS for name in cfg.headers.set)
+    # A configured key left empty (an unset ${VAR:-}) is not sent: the caller's own key is used.
+    injects_key = any(
+        is_credential_name(name) and not empty_credential(name, value)
+        for name, value in cfg.headers.set.items()
+    )
     return Failover(
         cfg.name,
         profile,
@@ -110,6 +120,36 @@ def _failover(cfg: RouteConfig, profile: VendorProfile, classify: Classifier, de
         deps.clock,
         deps.metrics,
         shared_key=injects_key,
+    )
+
+
+def _hedge(
+    cfg: RouteConfig,
+    profile: VendorProfile | None,
+    classify: Classifier,
+    retry: Retry,
+    deps: Deps,
+) -> Hedge:
+    """The route's hedge; with `to: fallback` it sends hedges to the first fallback provider."""
+    assert cfg.hedge is not None
+    found: list[Provider] = []
+
+    def first_fallback() -> Provider | None:
+        if not found and cfg.fallback is not None:
+            found.append(_as_provider(deps.routes[cfg.fallback.providers[0]]))
+        return found[0] if found else None
+
+    return Hedge(
+        cfg.name,
+        cfg.hedge,
+        per_try=cfg.timeouts.per_try,
+        clock=deps.clock,
+        events=deps.metrics,
+        classify=classify,
+        profile=profile,
+        # A route without a retry section has no retry budget to share: its own budget bounds it.
+        retry_budget=retry.budget if cfg.retry is not None else None,
+        fallback=first_fallback if cfg.hedge.to == "fallback" else None,
     )
 
 
@@ -137,10 +177,23 @@ def _storable(classify: Classifier) -> Callable[[Reply], bool]:
 def empty_credential(name: str, value: str) -> bool:
     """A credential header whose value is empty, or a bare scheme (`Bearer ` from an unset
     `${VAR:-}`): not sent, so the agent's own key passes through on the route."""
-    if name.lower() not in SECRET_HEADERS:
+    if not is_credential_name(name):
         return False
     scheme, _, rest = value.strip().partition(" ")
     return not scheme or (scheme.lower() in ("bearer", "basic", "token") and not rest.strip())
+
+
+def known_credentials(cfg: RouteConfig, profile: VendorProfile | None) -> KnownCredentials:
+    """Where this route's requests carry credentials, for its cache key: every header it sets,
+    the profile's own search headers, and where its vendor reads the key (CREDENTIAL_SLOTS)."""
+    headers = {name.lower() for name in cfg.headers.set}
+    params: set[str] = set()
+    if profile is not None:
+        headers.update(name.lower() for name in profile.search_headers)
+        slot = credential_slot(profile)
+        if slot is not None:
+            (headers if slot.kind == "header" else params).add(slot.name.lower())
+    return KnownCredentials(frozenset(headers), frozenset(params))
 
 
 def build_route(cfg: RouteConfig, deps: Deps) -> Route:
@@ -168,6 +221,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             clock,
             events,
             storable=_storable(classify) if profile is not None else default_storable,
+            known=known_credentials(cfg, profile),
         )
         policies.append(cache)
     if failover is not None and cfg.fallback is not None and cfg.fallback.prefer == "fresh":
@@ -176,29 +230,36 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     if cfg.breaker is not None:
         # A probe's fleet-wide slot lasts as long as the probe itself may.
         breaker = Breaker(
-            cfg.name, cfg.breaker, clock, events, deps.redis, probe_lease=cfg.timeouts.total
+            cfg.name,
+            cfg.breaker,
+            clock,
+            events,
+            deps.redis,
+            probe_lease=cfg.timeouts.total,
+            send_probe=probe_sender(cfg, deps),
         )
         policies.append(breaker)
     if search is not None and profile is not None and search.on_empty == "simplify":
         policies.append(SearchRecovery(cfg.name, profile, search, classify, clock, events))
-    policies.append(
-        Retry(
-            cfg.name,
-            cfg.retry or NO_RETRY,
-            per_try=cfg.timeouts.per_try,
-            clock=clock,
-            events=events,
-            classify=classify,
-            halt=(lambda: breaker.state == "open") if breaker is not None else None,
-        )
+    retry = Retry(
+        cfg.name,
+        cfg.retry or NO_RETRY,
+        per_try=cfg.timeouts.per_try,
+        clock=clock,
+        events=events,
+        classify=classify,
+        halt=breaker.halts_retries if breaker is not None else None,
     )
+    policies.append(retry)
+    if cfg.hedge is not None:
+        policies.append(_hedge(cfg, profile, classify, retry, deps))
     if cfg.rate_limit is not None:
         hint = _profile_hint(profile, clock) if profile and profile.ratelimit_headers else None
         policies.append(
             RateLimit(
                 cfg.name,
                 cfg.rate_limit,
-                bucket_store(cfg.rate_limit, clock, deps.redis),
+                bucket_store(cfg.rate_limit, clock, deps.redis, route=cfg.name, events=events),
                 clock,
                 events,
                 hint=hint or quota_hint(),

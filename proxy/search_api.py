@@ -28,8 +28,9 @@ from multidict import CIMultiDict
 
 from policies.backoff import parse_retry_after
 from policies.core.clock import Clock
+from policies.core.credentials import is_credential_name
 from policies.core.errors import BadRequest, CircuitOpen, ProxyError, seconds_text
-from policies.core.flow import Flow
+from policies.core.flow import CallBudget, Flow
 from policies.core.outcome import Outcome
 from policies.profiles import (
     OptionError,
@@ -44,22 +45,17 @@ from policies.profiles import (
 )
 from policies.profiles.options import MAX_DOMAINS, TIME_RANGES
 from policies.search import TERMINAL_STATUSES
-from proxy.config import SECRET_HEADERS, SearchApiConfig
+from proxy.config import SearchApiConfig
 from proxy.dialects import error_response
 from proxy.errors import ProvidersExhausted, ProvidersRefused
 from proxy.metrics import Metrics
 from proxy.openapi import openapi_document
 from proxy.pipeline import Route
 
-MAX_BATCH = 20
 MAX_RESULTS = 50
 MAX_KEY_CHARS = 4096
 # Set by a route's failover when a fallback answered: the unified options it dropped.
 FAILOVER_DROPPED_HEADER = "X-Search-Dropped-Options"
-OPENAPI_JSON = orjson.dumps(
-    openapi_document(max_batch=MAX_BATCH, max_results=MAX_RESULTS, max_domains=MAX_DOMAINS),
-    option=orjson.OPT_INDENT_2,
-)
 
 # Request fields: our own, then LiteLLM's / Perplexity's names for the same things.
 OPTION_FIELDS = (
@@ -94,6 +90,15 @@ _DID_YOU_MEAN = {
     "provider": "providers",
     "api_key": "credentials",
 }
+
+
+@dataclass(slots=True)
+class SearchTrace:
+    """What one /v1/search request did, for its access-log line."""
+
+    queries: int = 0
+    providers: list[str] = field(default_factory=list)  # tried (not skipped), in order, once
+    calls: int = 0  # vendor calls made, retries, variants and failovers included
 
 
 @dataclass(slots=True)
@@ -160,8 +165,10 @@ def parse_request(
         raise _field_error("query", 'is required (or "queries": [...] for a batch)')
     is_batch = "queries" in body
     queries = body["queries"] if is_batch else [body["query"]]
-    if is_batch and (not isinstance(queries, list) or not 0 < len(queries) <= MAX_BATCH):
-        raise _field_error("queries", f"must be a list of 1 to {MAX_BATCH} queries")
+    if is_batch and (not isinstance(queries, list) or not 0 < len(queries) <= config.max_batch):
+        raise _field_error(
+            "queries", f"must be a list of 1 to {config.max_batch} queries (search_api.max_batch)"
+        )
     for i, q in enumerate(queries):
         name = f"queries[{i}]" if is_batch else "query"
         if not isinstance(q, str):
@@ -177,12 +184,21 @@ def parse_request(
         or not (1 <= max_results <= MAX_RESULTS)
     ):
         raise _field_error("max_results", f"must be a whole number from 1 to {MAX_RESULTS}")
-    providers = body.get("providers", list(config.providers))
+    cap = provider_cap(config, routes)
+    providers = body.get("providers", list(config.providers[:cap]))
     if not isinstance(providers, list) or not providers:
         raise _field_error("providers", "must be a non-empty list of provider names")
+    if len(providers) > cap:
+        raise _field_error(
+            "providers",
+            f"names {len(providers)} providers; at most {cap} may be named, each once "
+            f"({_known(config)})",
+        )
     for i, p in enumerate(providers):
         if not _is_provider(p, routes):
             raise _field_error(f"providers[{i}]", f"is not a search provider ({_known(config)})")
+        if p in providers[:i]:
+            raise _field_error(f"providers[{i}]", f"repeats {p!r}: name each provider once")
     options, sent_as = _options(body, max_results)
     unsupported = []
     for name in NOT_HONOURED:
@@ -200,6 +216,13 @@ def parse_request(
         unsupported=tuple(unsupported),
         credentials=_credentials(body.get("credentials", {}), config, routes),
     )
+
+
+def provider_cap(config: SearchApiConfig, routes: dict[str, Route]) -> int:
+    """How many providers one request may name, each once: as many as there are routes with a
+    search section, or fewer if search_api.max_providers says so."""
+    configured = sum(1 for route in routes.values() if route.profile is not None)
+    return configured if config.max_providers is None else min(config.max_providers, configured)
 
 
 def _is_provider(name: Any, routes: dict[str, Route]) -> bool:
@@ -288,25 +311,38 @@ class SearchApi:
             (r.config.search.max_query_chars for r in routes.values() if r.config.search),
             default=2000,
         )
+        document = openapi_document(
+            max_batch=config.max_batch,
+            max_results=MAX_RESULTS,
+            max_domains=MAX_DOMAINS,
+            max_providers=provider_cap(config, routes),
+        )
+        self.openapi_json = orjson.dumps(document, option=orjson.OPT_INDENT_2)
 
-    @staticmethod
-    async def openapi(request: web.Request) -> web.Response:
-        """GET /openapi.json: the OpenAPI 3.1 document of /v1/search (built once at import)."""
-        return web.Response(body=OPENAPI_JSON, content_type="application/json")
+    async def openapi(self, request: web.Request) -> web.Response:
+        """GET /openapi.json: the OpenAPI 3.1 document of /v1/search (built at start-up)."""
+        return web.Response(body=self.openapi_json, content_type="application/json")
 
-    async def handle(self, request: web.Request) -> web.Response:
-        rid = request.headers.get("X-Request-Id") or ""
+    async def handle(
+        self, request: web.Request, rid: str, trace: SearchTrace, client: str = ""
+    ) -> web.Response:
+        """Answer one request; `trace` records what it did. Its vendor calls, retries,
+        simplified variants and failovers included, are at most max_calls_per_request.
+        `client`: the caller's name when `clients:` is configured (its per-client limits)."""
+        calls = CallBudget(self.config.max_calls_per_request)
         try:
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError:
                 raise _field_error("body", "is not valid JSON") from None
             call = parse_request(body, self.config, self.routes, self.max_chars)
+            trace.queries = len(call.queries)
+            run = _Run(call, rid, calls, trace, client)
             if not call.is_batch:
-                answer = await self.search(call.queries[0], call, rid)
+                answer = await self.search(call.queries[0], run)
                 return web.json_response(answer, dumps=_dumps)
             answers = await asyncio.gather(
-                *(self.search(q, call, rid) for q in call.queries),
+                *(self.search(q, run) for q in call.queries),
                 return_exceptions=True,
             )
             out = []
@@ -320,14 +356,19 @@ class SearchApi:
             return web.json_response({"responses": out}, dumps=_dumps)
         except ProxyError as err:
             return error_response(err, rid)
+        finally:
+            trace.calls = calls.spent
 
-    async def search(self, query: str, call: SearchCall, request_id: str) -> dict[str, Any]:
+    async def search(self, query: str, run: _Run) -> dict[str, Any]:
         """Try providers in order; the first with results answers."""
+        call = run.call
         tried: list[Tried] = []
         for name in call.providers:
             route = self.routes[name]
-            outcome = await self._try(route, query, call, request_id)
+            outcome = await self._try(route, query, run)
             tried.append(outcome.tried)
+            if outcome.tried.outcome != "skipped" and name not in run.trace.providers:
+                run.trace.providers.append(name)
             self.metrics.provider_fallbacks.labels(name, outcome.tried.outcome).inc()
             if outcome.tried.outcome == "results":
                 return _answer(
@@ -345,8 +386,9 @@ class SearchApi:
             return _answer(query, query, None, [], (), False, None, tried)
         raise _all_failed(tried)
 
-    async def _try(self, route: Route, query: str, call: SearchCall, rid: str) -> _Outcome:
+    async def _try(self, route: Route, query: str, run: _Run) -> _Outcome:
         started = self.clock.now()
+        call = run.call
         if route.missing_key is not None and route.name not in call.credentials:
             header = route.missing_key
             why = f"has no API key configured (its {header} header is empty: set the variable"
@@ -367,7 +409,7 @@ class SearchApi:
                 )
             )
         now = datetime.fromtimestamp(self.clock.wall(), UTC)
-        flow, dropped = self._flow(route, query, call, rid, now)
+        flow, dropped = self._flow(route, query, run, now)
         dropped = call.dropped(dropped)
         try:
             reply = await route.handler(flow)
@@ -465,22 +507,27 @@ class SearchApi:
         return out
 
     def _flow(
-        self, route: Route, query: str, call: SearchCall, rid: str, now: datetime
+        self, route: Route, query: str, run: _Run, now: datetime
     ) -> tuple[Flow, tuple[str, ...]]:
         """The vendor request for one provider, and the options it had to drop."""
+        call, rid = run.call, run.request_id
         profile = self.profiles[route.name]
         sr, dropped = build_search(profile, query, call.options, now=now)
         set_headers = route.set_headers
-        client = ""
+        client = run.client
         key = call.credentials.get(route.name)
         if key is not None:
             sr = with_credential(profile, sr, key)
             slot = credential_slot(profile)
-            replaced = SECRET_HEADERS | ({slot.name.lower()} if slot else set())
+            slot_name = slot.name.lower() if slot else ""
             # The agent's key replaces the configured one; only a digest of it identifies the
             # caller to the cache, the limiter and the loop guard.
-            set_headers = tuple((k, v) for k, v in set_headers if k.lower() not in replaced)
-            client = hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
+            set_headers = tuple(
+                (k, v)
+                for k, v in set_headers
+                if k.lower() != slot_name and not is_credential_name(k)
+            )
+            client = client or hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
         headers: CIMultiDict[str] = CIMultiDict(set_headers)
         headers.update(sr.headers)
         body = b""
@@ -501,6 +548,7 @@ class SearchApi:
             client=client,
             deadline=now_s + route.config.timeouts.total,
             started=now_s,
+            calls=run.calls,
         )
         return flow, dropped
 
@@ -527,6 +575,17 @@ def _answer(
         "cache_age_s": cache_age_s,
         "attempts": [t.public() for t in tried],
     }
+
+
+@dataclass(frozen=True, slots=True)
+class _Run:
+    """One /v1/search request, as each of its searches shares it."""
+
+    call: SearchCall
+    request_id: str
+    calls: CallBudget  # vendor calls left to the whole request
+    trace: SearchTrace
+    client: str = ""  # the known client calling (clients:), else ""
 
 
 @dataclass(slots=True)

@@ -7,7 +7,9 @@ import aiohttp
 
 from policies.core.clock import SYSTEM_CLOCK
 from policies.core.redislink import RedisLink
-from proxy.admin import Admin
+from policies.quota import DailyQuota, MemoryQuotas
+from proxy.admin import Admin, admin_token
+from proxy.clients import ClientGate
 from proxy.config import Config, ConfigError, ConfigErrors
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, build_route
@@ -16,11 +18,20 @@ from proxy.search_api import SearchApi
 
 
 async def check_startup(config: Config) -> None:
-    """Build the Redis link, every route, the router, the search API and the admin endpoints as
-    `proxy.app` does at start-up, then drop them. A constructor's ValueError (its way of refusing
-    a value) becomes a ConfigError naming the section it came from."""
+    """Build the Redis link, every route, the router, the search API, the client gate and the
+    admin endpoints as `proxy.app` does at start-up, then drop them. A constructor's ValueError
+    (its way of refusing a value) becomes a ConfigError naming the section it came from; weak
+    tokens and an admin listener off loopback without a token are refused too."""
     errors: list[ConfigError] = []
     metrics = Metrics()
+    for check in (
+        lambda: admin_token(config.server),
+        lambda: ClientGate(config.clients, DailyQuota({}, MemoryQuotas(SYSTEM_CLOCK)), metrics),
+    ):
+        try:
+            check()
+        except ConfigError as exc:
+            errors.append(exc)
     redis: RedisLink | None = None
     if config.redis is not None:
         try:  # the client parses its URL's options here; it connects only on the first command

@@ -18,8 +18,9 @@ from testkit.waiting import wait_until
 
 
 class ProxyProcess:
-    """Start with a YAML-shaped dict; `.url` once listening; `.lines` holds everything it writes
-    (stdout and stderr, line by line)."""
+    """Start with a YAML-shaped dict; `.url` (and `.admin_url`, the admin listener) once
+    listening; `.lines` holds everything it writes (stdout and stderr, line by line). Both
+    listeners take free ports."""
 
     def __init__(self, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
         fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="search-proxy-")
@@ -29,6 +30,7 @@ class ProxyProcess:
         self.child: Child | None = None
         self.lines: list[str] = []
         self.port: int | None = None
+        self.admin_port: int | None = None
         self._listening = threading.Event()
         self._reader: threading.Thread | None = None
 
@@ -38,6 +40,7 @@ class ProxyProcess:
 
     def start(self, timeout: float = 10.0) -> ProxyProcess:
         argv = [sys.executable, "-m", "proxy", "--config", self.config_path, "--port", "0"]
+        argv += ["--admin-port", "0"]
         self.child = Child("proxy", argv, env=self.env, pipe_stdout=True, merge_stderr=True)
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
@@ -52,12 +55,17 @@ class ProxyProcess:
             line = raw.decode("utf-8", "replace").rstrip("\n")
             self.lines.append(line)
             if '"listening"' in line:
-                self.port = json.loads(line)["port"]
+                listening = json.loads(line)
+                self.port, self.admin_port = listening["port"], listening["admin_port"]
                 self._listening.set()
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
+
+    @property
+    def admin_url(self) -> str:
+        return f"http://127.0.0.1:{self.admin_port}"
 
     def events(self, name: str) -> list[dict[str, Any]]:
         """The parsed JSON log lines whose event is `name`."""

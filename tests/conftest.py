@@ -10,7 +10,7 @@ import pytest
 from redis.asyncio import Redis
 
 from policies.core.redislink import RedisLink
-from proxy.app import build_app
+from proxy.app import build_admin_app, build_app
 from proxy.config import parse_config
 from testkit.fakevendor import FakeVendor
 from testkit.redisserver import RedisServer
@@ -24,12 +24,17 @@ from testkit.redisserver import RedisServer
 TIERS = ("unit", "integration", "e2e", "deploy")
 TIER_OF_MODULE = {
     "test_admin": "integration",
+    "test_amplification": "e2e",
     "test_backoff": "unit",
     "test_breaker": "unit",
     "test_breaker_e2e": "integration",
+    "test_breaker_recovery": "unit",
     "test_clients": "e2e",
     "test_cache": "unit",
     "test_cache_e2e": "integration",
+    "test_credentials": "e2e",
+    "test_client_identity": "integration",
+    "test_client_gate": "unit",
     "test_config": "unit",
     "test_deploy": "deploy",
     "test_fakevendor": "integration",
@@ -42,11 +47,14 @@ TIER_OF_MODULE = {
     "test_ratelimit": "unit",
     "test_ratelimit_e2e": "integration",
     "test_readme": "e2e",
+    "test_redact": "unit",
     "test_retries": "integration",
     "test_sdks": "e2e",
     "test_sdk_errors": "e2e",
     "test_shipped_config": "e2e",
     "test_failover": "integration",
+    "test_hedge": "unit",
+    "test_hedge_e2e": "integration",
     "test_search_api": "integration",
     "test_search_e2e": "integration",
     "test_search_options": "unit",
@@ -147,3 +155,14 @@ def start_proxy(aiohttp_client: Any) -> Callable[..., Awaitable[Any]]:
         return await aiohttp_client(build_app(config, **kwargs))
 
     return start
+
+
+@pytest.fixture
+def admin_of(aiohttp_client: Any) -> Callable[[Any], Awaitable[Any]]:
+    """The admin listener of a proxy `start_proxy` started, as a client of its own (the admin
+    endpoints are not on the agents' port)."""
+
+    async def admin(proxy_client: Any) -> Any:
+        return await aiohttp_client(build_admin_app(proxy_client.app))
+
+    return admin

@@ -1,12 +1,24 @@
-"""Admin endpoints: who may call them, cache purge and breaker state/reset."""
+"""Admin endpoints: their own listener, who may call them, cache purge and breaker state/reset."""
 
 from __future__ import annotations
 
-import pytest
+import json
+import os
+import subprocess
+import sys
+import urllib.request
 
-from proxy.admin import authorize
+import pytest
+import yaml
+
+from proxy.admin import TOKEN_ENV, admin_token, authorize
+from proxy.config import ConfigError, ServerConfig
 from proxy.errors import Unauthorized
+from testkit.procs import ROOT
+from testkit.proxyprocess import ProxyProcess
 from tests.conftest import route
+
+TOKEN = "admin-token-0123456789"
 
 
 def test_without_a_token_only_loopback_callers_are_admitted():
@@ -28,28 +40,111 @@ def cached_route(vendor, **extra):
     return route(vendor.url + "/tavily", "/tavily", cache={"ttl": "10m"}, **extra)
 
 
-async def test_cache_purge(vendor, start_proxy):
+async def test_cache_purge(vendor, start_proxy, admin_of):
     client = await start_proxy({"routes": {"tavily": cached_route(vendor)}})
+    admin = await admin_of(client)
     await client.post("/tavily/search", json={"query": "purge me"})
-    r = await client.delete("/admin/cache/tavily")
+    r = await admin.delete("/admin/cache/tavily")
     assert r.status == 200
     assert await r.json() == {"route": "tavily", "local": 1, "shared": None}
     again = await client.post("/tavily/search", json={"query": "purge me"})
     assert again.headers["X-Cache"] == "MISS" and vendor.count() == 2
 
 
-async def test_admin_token_is_enforced_over_http(vendor, start_proxy):
+async def test_admin_token_is_enforced_over_http(vendor, start_proxy, admin_of):
     raw = {"server": {"admin_token": "${ADMIN}"}, "routes": {"tavily": cached_route(vendor)}}
-    client = await start_proxy(raw, env={"ADMIN": "tok-1"})
-    r = await client.delete("/admin/cache/tavily")
+    admin = await admin_of(await start_proxy(raw, env={"ADMIN": TOKEN}))
+    r = await admin.delete("/admin/cache/tavily")
     assert r.status == 401
     assert (await r.json())["error"]["type"] == "unauthorized"
-    ok = await client.delete("/admin/cache/tavily", headers={"Authorization": "Bearer tok-1"})
+    ok = await admin.delete("/admin/cache/tavily", headers={"Authorization": f"Bearer {TOKEN}"})
     assert ok.status == 200
 
 
-async def test_unknown_route_is_a_json_404(vendor, start_proxy):
+async def test_unknown_route_is_a_json_404(vendor, start_proxy, admin_of):
     client = await start_proxy({"routes": {"tavily": cached_route(vendor)}})
-    r = await client.delete("/admin/cache/nope")
+    r = await (await admin_of(client)).delete("/admin/cache/nope")
     assert r.status == 404
     assert "routes with one: ['tavily']" in (await r.json())["error"]["message"]
+
+
+async def test_the_agents_port_serves_no_admin_endpoint_and_says_where_they_are(
+    vendor, start_proxy
+):
+    client = await start_proxy({"routes": {"tavily": cached_route(vendor)}})
+    await client.post("/tavily/search", json={"query": "keep me"})
+    for method, path in (
+        ("GET", "/admin/breakers"),
+        ("POST", "/admin/breakers/tavily/reset"),
+        ("DELETE", "/admin/cache/tavily"),
+        ("GET", "/admin"),
+    ):
+        r = await client.request(method, path)
+        assert r.status == 404, path
+        assert "server.admin_port" in (await r.json())["error"]["message"]
+    again = await client.post("/tavily/search", json={"query": "keep me"})
+    assert again.headers["X-Cache"] == "HIT" and vendor.count() == 1  # nothing was purged
+
+
+def test_admin_off_loopback_needs_a_token():
+    assert admin_token(ServerConfig(), {}) is None  # 127.0.0.1: loopback callers only
+    assert admin_token(ServerConfig(admin_host="::1"), {}) is None
+    for host in ("0.0.0.0", "10.0.0.7", "::", "proxy.internal"):
+        with pytest.raises(ConfigError, match=r"server\.admin_host: .* not a loopback address"):
+            admin_token(ServerConfig(admin_host=host), {})
+        assert admin_token(ServerConfig(admin_host=host, admin_token=TOKEN), {}) == TOKEN
+        assert admin_token(ServerConfig(admin_host=host), {TOKEN_ENV: TOKEN}) == TOKEN
+
+
+@pytest.mark.parametrize(
+    "weak", ["change-me", "tok-1", "<generate: openssl rand -hex 32>", " " * 20]
+)
+def test_a_weak_or_placeholder_admin_token_is_refused_without_being_quoted(weak):
+    for server, env, path in (
+        (ServerConfig(admin_token=weak), {}, "server.admin_token"),
+        (ServerConfig(), {TOKEN_ENV: weak}, TOKEN_ENV),
+    ):
+        with pytest.raises(ConfigError) as caught:
+            admin_token(server, env)
+        assert str(caught.value).startswith(f"{path}: must be at least 16 visible ASCII")
+        assert weak not in str(caught.value)
+
+
+@pytest.mark.e2e
+def test_admin_on_a_non_loopback_address_without_a_token_refuses_to_start(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text(
+        yaml.safe_dump(
+            {
+                "server": {"admin_host": "0.0.0.0"},
+                "routes": {"tavily": route("http://127.0.0.1:9/tavily", "/tavily")},
+            }
+        )
+    )
+    env = {k: v for k, v in os.environ.items() if k != TOKEN_ENV}
+    for args in (["--config", str(config), "--port", "0", "--admin-port", "0"],
+                 ["check-config", str(config)]):  # fmt: skip
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", *args],
+            cwd=ROOT,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+        assert done.returncode == 2, done.stdout + done.stderr
+        assert done.stderr.startswith(
+            "search-proxy: config error: server.admin_host: 0.0.0.0 is not a loopback address "
+            "and no admin token is set"
+        ), done.stderr
+        assert "listening" not in done.stdout
+    # With a token it serves, the admin endpoints on their own port.
+    with ProxyProcess(yaml.safe_load(config.read_text()), env={TOKEN_ENV: TOKEN}) as proxy:
+        assert proxy.admin_port not in (None, proxy.port)
+        with urllib.request.urlopen(
+            urllib.request.Request(
+                f"{proxy.admin_url}/admin/breakers", headers={"Authorization": f"Bearer {TOKEN}"}
+            ),
+            timeout=5,
+        ) as answer:
+            assert json.loads(answer.read()) == {"breakers": {}}

@@ -31,7 +31,7 @@ async def trip(client, vendor, n=3):
         assert (await search(client)).status == 503
 
 
-async def test_open_breaker_fails_fast_without_vendor_calls(vendor, start_proxy):
+async def test_open_breaker_fails_fast_without_vendor_calls(vendor, start_proxy, admin_of):
     clock = ManualClock()
     client = await start_proxy(guarded(vendor), clock=clock)
     await trip(client, vendor)
@@ -49,7 +49,7 @@ async def test_open_breaker_fails_fast_without_vendor_calls(vendor, start_proxy)
     assert vendor.count() == calls  # zero vendor calls while open
     text = await (await client.get("/metrics")).text()
     assert 'search_proxy_breaker_state{route="tavily"} 2.0' in text
-    admin = await (await client.get("/admin/breakers")).json()
+    admin = await (await (await admin_of(client)).get("/admin/breakers")).json()
     assert admin["breakers"]["tavily"]["state"] == "open"
 
 
@@ -90,22 +90,24 @@ async def test_open_breaker_serves_stale_when_it_can(vendor, start_proxy):
     assert vendor.count() == calls
 
 
-async def test_admin_reset_closes_it(vendor, start_proxy):
+async def test_admin_reset_closes_it(vendor, start_proxy, admin_of):
     client = await start_proxy(guarded(vendor))
+    admin = await admin_of(client)
     await trip(client, vendor)
     vendor.reset()
-    r = await client.post("/admin/breakers/tavily/reset")
+    r = await admin.post("/admin/breakers/tavily/reset")
     assert (await r.json()) == {"route": "tavily", "state": "closed"}
     assert (await search(client)).status == 200
 
 
-async def test_trip_in_one_proxy_opens_the_other(vendor, start_proxy, redis_server):
+async def test_trip_in_one_proxy_opens_the_other(vendor, start_proxy, admin_of, redis_server):
     a = await start_proxy(guarded(vendor, redis_server.url))
     b = await start_proxy(guarded(vendor, redis_server.url))
+    b_admin = await admin_of(b)
     await trip(a, vendor)
 
     async def b_open() -> bool:
-        return (await (await b.get("/admin/breakers")).json())["breakers"]["tavily"][
+        return (await (await b_admin.get("/admin/breakers")).json())["breakers"]["tavily"][
             "state"
         ] == "open"
 

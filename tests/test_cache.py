@@ -17,6 +17,7 @@ from policies.cache import (
     Directives,
     Entry,
     Freshness,
+    KnownCredentials,
     MemoryStore,
     StaleCache,
     build_store,
@@ -42,7 +43,9 @@ from policies.core.errors import (
 from policies.core.events import NullEvents
 from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
+from proxy.config import parse_config
 from proxy.errors import NotFound, Unauthorized
+from proxy.pipeline import known_credentials
 from testkit.redisserver import RedisServer
 from testkit.waiting import eventually
 
@@ -163,8 +166,12 @@ def key(
     path: str = "/search",
     route: str = ROUTE,
     client: str = "",
+    known: KnownCredentials | None = None,
 ) -> str:
-    return cache_key(route, method, path, query, body, CIMultiDict(headers or {}), cfg, client)
+    return cache_key(
+        route, method, path, query, body, CIMultiDict(headers or {}), cfg, client,
+        known or KnownCredentials(),
+    )  # fmt: skip
 
 
 class RecordingClock:
@@ -303,6 +310,89 @@ def test_credentials_leave_the_body_and_query_part_of_the_key() -> None:
 def test_the_credential_never_appears_in_the_key() -> None:
     k = key(b'{"query": "x", "api_key": "tvly-SECRET"}', headers={"Authorization": "Bearer S2"})
     assert "SECRET" not in k and "S2" not in k
+
+
+@pytest.mark.parametrize(
+    "name",
+    [
+        "X-Goog-Api-Key",
+        "Cookie",
+        "Ocp-Apim-Subscription-Key",
+        "X-Access-Token",
+        "Jina-Key",
+        "Proxy-Authorization",
+        "X-Amz-Security-Token",
+    ],
+)
+def test_every_header_named_like_a_credential_keeps_callers_apart(name: str) -> None:
+    assert key(headers={name: "KEY-A"}) != key(headers={name: "KEY-B"})
+    assert key(headers={name: "KEY-A"}) == key(headers={name.lower(): "KEY-A"})
+    assert key(headers={name: "KEY-A"}) != key()
+    shared = replace(CFG, shared=True)
+    assert key(headers={name: "KEY-A"}, cfg=shared) == key(headers={name: "KEY-B"}, cfg=shared)
+
+
+def test_a_header_the_route_knows_carries_a_key_keeps_callers_apart_whatever_its_name() -> None:
+    known = KnownCredentials(headers=frozenset({"x-plan"}))
+    assert key(headers={"X-Plan": "a"}) == key(headers={"X-Plan": "b"})  # not a credential name
+    assert key(headers={"X-Plan": "a"}, known=known) != key(headers={"X-Plan": "b"}, known=known)
+
+
+def test_the_parameter_a_vendor_reads_its_key_from_leaves_a_shared_key() -> None:
+    known = KnownCredentials(params=frozenset({"sk"}))
+    shared = replace(CFG, shared=True)
+    assert key(query="q=x&sk=a", cfg=shared) != key(query="q=x&sk=b", cfg=shared)
+    assert key(query="q=x&sk=a", cfg=shared, known=known) == key(query="q=x", cfg=shared)
+    assert key(query="q=x&sk=a", known=known) != key(query="q=x&sk=b", known=known)
+
+
+def test_parameters_only_named_like_credentials_stay_in_a_shared_key() -> None:
+    # `keywords` and `author` match the naming rule, but are search terms: dropping them from a
+    # shared key would answer one search with another's results.
+    shared = replace(CFG, shared=True)
+    assert key(query="q=x&keywords=rust", cfg=shared) != key(query="q=x&keywords=go", cfg=shared)
+    assert key(b'{"query": "x", "author": "a"}', cfg=shared) != key(
+        b'{"query": "x", "author": "b"}', cfg=shared
+    )
+
+
+def test_an_ignored_body_field_never_takes_a_credential_out_of_the_key() -> None:
+    cfg = replace(CFG, ignore_body_fields=("api_key", "token"))
+    assert key(b'{"query": "x", "api_key": "a"}', cfg=cfg) != key(
+        b'{"query": "x", "api_key": "b"}', cfg=cfg
+    )
+    assert key(b'{"query": "x", "token": "a"}', cfg=cfg) != key(b'{"query": "x"}', cfg=cfg)
+
+
+def test_vary_headers_split_entries_even_when_shared() -> None:
+    cfg = replace(CFG, shared=True, vary=("X-Tenant",))
+    assert key(headers={"X-Tenant": "a"}, cfg=cfg) != key(headers={"X-Tenant": "b"}, cfg=cfg)
+    assert key(headers={"x-tenant": "a"}, cfg=cfg) == key(headers={"X-Tenant": "a"}, cfg=cfg)
+    assert key(headers={"X-Tenant": "a"}) == key(headers={"X-Tenant": "b"})  # not varied
+
+
+def test_an_sdk_idempotency_key_does_not_split_the_cache() -> None:
+    assert key(headers={"Idempotency-Key": "1"}) == key(headers={"Idempotency-Key": "2"})
+
+
+def test_a_route_knows_its_set_headers_its_profile_headers_and_its_vendor_key_slot() -> None:
+    raw = {
+        "routes": {
+            "g": {
+                "prefix": "/g",
+                "upstream": "https://g.example",
+                "headers": {"set": {"X-Plan": "pro"}},
+                "search": {"vendor": "goog"},
+            },
+            "s": {"prefix": "/s", "upstream": "https://s.example", "search": {"vendor": "serpapi"}},
+        },
+        "profiles": {"goog": {"extends": "serper", "search_headers": {"X-Tenant-Id": "t"}}},
+    }
+    config = parse_config(raw, {})
+    g = known_credentials(config.routes["g"], config.profiles["goog"])
+    assert g.headers == {"x-plan", "x-tenant-id", "x-api-key"} and not g.params
+    s = known_credentials(config.routes["s"], config.profiles["serpapi"])
+    assert s.params == {"api_key"} and not s.headers
 
 
 # --- freshness and directives -----------------------------------------------------------------

@@ -169,9 +169,10 @@ def test_redacted_hides_secrets():
     raw["redis"] = {"url": "redis://:hunter2@127.0.0.1:6379/0"}
     raw["server"] = {"admin_token": "tok-123"}
     shown = str(redacted(parse_config(raw, {})))
-    for secret in ("sk-live-1", "hunter2", "tok-123"):
+    # Every headers.set value: a route's headers are where keys are configured, by any name.
+    for secret in ("sk-live-1", "hunter2", "tok-123", "plain"):
         assert secret not in shown
-    assert "plain" in shown
+    assert "'X-Other': '<redacted>'" in shown
 
 
 # --- custom vendor profiles -----------------------------------------------------------------
@@ -440,6 +441,9 @@ EVERY_SECTION = {
         "max_results": 7,
         "blocked_domains": ["spam.example"],
         "blocked_extensions": [".pdf", ".zip"],
+        "max_batch": 10,
+        "max_providers": 1,
+        "max_calls_per_request": 30,
     },
     "routes": {
         "a": {
@@ -479,6 +483,7 @@ EVERY_SECTION = {
                 "max_entries": 5,
                 "max_bytes": "1GB",
                 "lock_wait": "0s",
+                "vary": ["X-Tenant"],
             },
             "search": {
                 "vendor": "acme",
@@ -494,6 +499,14 @@ EVERY_SECTION = {
             "retry": {"on": [502, "reset"]},
             "rate_limit": {"rate": "0.036/h", "burst": 1},
             "search": {"vendor": "tavily"},
+            "hedge": {
+                "after": "auto",
+                "percentile": 0.9,
+                "max_extra": 2,
+                "budget": {"ratio": 0.1, "min_per_s": 0},
+                "to": "same",
+                "methods": ["GET", "POST"],
+            },
         },
         "c": {
             "prefix": "/c",
@@ -501,6 +514,7 @@ EVERY_SECTION = {
             "retry": {"on": []},
             "rate_limit": {"rate": "2.5/s", "burst": 1},
             "search": {"vendor": "tavily2"},
+            "hedge": {"after": "150ms"},
         },
     },
     "profiles": {
@@ -537,8 +551,12 @@ def test_check_config_output_is_the_same_config_for_every_section(tmp_path, caps
     f.write_text(yaml.safe_dump(EVERY_SECTION))
     original = load_config(f, env={})
     out = check_config_output(f, capsys)
-    assert REDACTED not in out
-    assert parse_config(yaml.safe_load(out), {}) == original
+    shown = yaml.safe_load(out)
+    # Every headers.set value prints as a placeholder, whatever its name; nothing else does.
+    assert shown["routes"]["a"]["headers"]["set"] == {"X-Plan": REDACTED}
+    shown["routes"]["a"]["headers"]["set"] = {"X-Plan": "free"}
+    assert REDACTED not in yaml.safe_dump(shown)
+    assert parse_config(shown, {}) == original
     assert "'on':" in out and "rate: 100/m" in out  # `on` quoted: YAML 1.1 reads on as true
     assert set(yaml.safe_load(out)["profiles"]) == {"acme", "tavily2", "serper"}
 
@@ -556,7 +574,7 @@ def test_check_config_output_of_the_shipped_config_loads_back(capsys, monkeypatc
 
 def test_secrets_print_as_placeholders_that_load_back(tmp_path, capsys) -> None:
     raw = minimal(headers={"set": {"Authorization": "Bearer sk-1", "X-Other": "plain"}})
-    raw["server"] = {"admin_token": "tok-2"}
+    raw["server"] = {"admin_token": "tok-2-0123456789abcdef"}
     raw["redis"] = {"url": "redis://:hunter3@127.0.0.1:6379/0"}
     raw["profiles"] = {
         "acme": {
@@ -570,7 +588,7 @@ def test_secrets_print_as_placeholders_that_load_back(tmp_path, capsys) -> None:
     out = check_config_output(f, capsys)
     for secret in ("sk-1", "tok-2", "hunter3", "k-4", "k-5"):
         assert secret not in out
-    placeholders = minimal(headers={"set": {"Authorization": REDACTED, "X-Other": "plain"}})
+    placeholders = minimal(headers={"set": {"Authorization": REDACTED, "X-Other": REDACTED}})
     placeholders["server"] = {"admin_token": REDACTED}
     placeholders["redis"] = {"url": f"redis://:{REDACTED}@127.0.0.1:6379/0"}
     placeholders["profiles"] = {

@@ -89,6 +89,7 @@ LABEL_VALUES = {
     ("search_proxy_ratelimit", "decision"): {"allowed", "delayed", "rejected"},
     ("search_proxy_cache", "result"): {"hit", "miss", "stale", "bypass", "store"},
     ("search_proxy_breaker_transitions", "to"): set(BREAKER_STATES),
+    ("search_proxy_breaker_probes", "result"): {"ok", "failed"},
     ("search_proxy_redis_transitions", "to"): {"up", "down"},
 }
 # Kinds that no Kubernetes schema covers: each gets a structural check of its own instead.
@@ -606,13 +607,20 @@ def test_python_merge_matches_kustomize(builds: dict[str, list[dict[str, Any]]])
             assert python[key] == doc, f"{mode}: {key} differs"
 
 
+# What a Secret's keys hold in these checks: a value an operator could have generated (the
+# shipped placeholders are refused: test_the_shipped_admin_token_is_a_placeholder_start_up_refuses).
+DUMMY_SECRET = "dummy-secret-0123456789abcdef"
+
+
 def container_env(container: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, str]:
     """The environment a container gets: env values and the keys of its envFrom Secrets."""
     env: dict[str, str] = {}
     for source in container.get("envFrom", []):
         secret = find(docs, "Secret", source["secretRef"]["name"])
         assert secret, f"envFrom names a missing Secret {source['secretRef']['name']}"
-        env.update({k: "dummy" for k in secret[0].get("stringData", secret[0].get("data", {}))})
+        env.update(
+            dict.fromkeys(secret[0].get("stringData", secret[0].get("data", {})), DUMMY_SECRET)
+        )
     env.update({e["name"]: e["value"] for e in container.get("env", []) if "value" in e})
     return env
 
@@ -796,9 +804,36 @@ def test_kubernetes_config_passes_check_config(
     assert cli.main(["check-config", str(path)]) == 0
     config = load_config(path)
     assert config.server.host == "0.0.0.0" and config.server.port == 8080
-    assert config.redis is not None and config.server.admin_token == "dummy"
+    assert config.redis is not None and config.server.admin_token == DUMMY_SECRET
+    # The admin endpoints stay inside the pod (their own listener, on loopback).
+    assert (config.server.admin_host, config.server.admin_port) == ("127.0.0.1", 8081)
     assert config.routes["firecrawl"].prefix == "/v2"
     assert not config.routes["firecrawl"].strip_prefix
+
+
+def test_the_shipped_admin_token_is_a_placeholder_start_up_refuses(
+    builds: dict[str, list[dict[str, Any]]],
+    monkeypatch: pytest.MonkeyPatch,
+    tmp_path: Path,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Applied as shipped, the proxy does not start with a known admin token: the Secret's value
+    is a placeholder check-config (and so start-up) refuses, saying how to make a real one."""
+    assert "change-me" not in "".join(p.read_text() for p in (DEPLOY / "k8s").rglob("*.yaml"))
+    docs = builds["base"]
+    (secret,) = find(docs, "Secret", "search-proxy-vendor-keys")
+    path = tmp_path / "config.yaml"
+    path.write_text(find(docs, "ConfigMap")[0]["data"]["config.yaml"])
+    for name, value in proxy_env(docs).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("SEARCH_PROXY_ADMIN_TOKEN", secret["stringData"]["SEARCH_PROXY_ADMIN_TOKEN"])
+    assert cli.main(["check-config", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert "server.admin_token: must be at least 16 visible ASCII characters" in err
+    assert (
+        "openssl rand -hex 32" in err
+        and secret["stringData"]["SEARCH_PROXY_ADMIN_TOKEN"] not in err
+    )
 
 
 def test_image_config_passes_check_config(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -1031,7 +1066,8 @@ def test_image_command_serves_passes_healthcheck_and_exits_0_on_sigterm() -> Non
     port = free_port()
     command = [str(IMAGE_CONFIG) if a == image_config_path() else a for a in image_command()]
     command[0] = str(Path(sys.executable).with_name(command[0]))
-    proxy = Child("image-command", [*command, "--host", "127.0.0.1", "--port", str(port)])
+    address = ["--host", "127.0.0.1", "--port", str(port), "--admin-port", "0"]
+    proxy = Child("image-command", [*command, *address])
     try:
         proxy.wait_http(f"http://127.0.0.1:{port}/healthz", within=15)
         (health,) = [a for i, a in dockerfile() if i == "HEALTHCHECK"]

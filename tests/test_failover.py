@@ -224,3 +224,57 @@ async def test_a_fallback_answered_from_its_own_cache_says_so(
     second = await client.post("/tavily/search", json={"query": QUERY, "max_results": 2})
     assert second.headers["X-Search-Provider"] == "exa"
     assert second.headers["X-Cache"] == "HIT" and vendor.count("/exa") == 1
+
+
+async def test_an_agents_own_spent_key_benches_only_that_agent(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    """With the route's configured key left empty, agents bring their own keys: one agent's
+    exhausted plan must not send everyone else to a fallback."""
+    raw = failover_config(
+        "tavily",
+        f"{vendor.url}/tavily",
+        vendor,
+        ["exa"],
+        headers={"set": {"Authorization": "Bearer ${TAVILY_API_KEY:-}"}},
+    )
+    client = await start_proxy(raw, env={})
+    vendor.script(Fault.status(432), path_prefix="/tavily")
+    spent = {"Authorization": "Bearer spent-key"}
+    r = await client.post("/tavily/search", json={"query": QUERY}, headers=spent)
+    assert r.headers["X-Search-Provider"] == "exa"
+    other = {"Authorization": "Bearer working-key"}
+    r = await client.post("/tavily/search", json={"query": QUERY}, headers=other)
+    assert r.status == 200 and "X-Search-Provider" not in r.headers
+    assert vendor.count("/tavily") == 2
+
+
+async def test_only_the_search_endpoint_fails_over(vendor: FakeVendor, start_proxy: Any) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = await start_proxy(failover_config("exa", dead, vendor, ["tavily"]))
+    r = await client.post("/exa/answer", json={"query": QUERY})  # Exa's answer API, not search
+    assert r.status == 502 and "X-Search-Provider" not in r.headers
+    assert vendor.count("/tavily") == 0
+
+
+def test_fallbacks_that_lead_back_are_refused() -> None:
+    from proxy.config import ConfigError, parse_config
+
+    def search_route(name: str, fallback: str) -> dict[str, Any]:
+        return route(
+            "http://vendor.example",
+            f"/{name}",
+            search={"vendor": name},
+            fallback={"providers": [fallback]},
+        )
+
+    with pytest.raises(ConfigError, match="a cycle"):
+        parse_config(
+            {
+                "routes": {
+                    "tavily": search_route("tavily", "exa"),
+                    "exa": search_route("exa", "tavily"),
+                }
+            },
+            {},
+        )

@@ -380,3 +380,71 @@ async def test_openapi_document_is_valid_and_matches_real_answers(
     batch = await search(client, queries=["a", "b"], providers=["tavily"])
     _validator(document, "BatchAnswer").validate(batch)
     assert batch["responses"][0]["error"]["type"] == "all_providers_failed"
+
+
+# --- bounds: what one request may cost ----------------------------------------------------------
+
+
+async def three_providers(start_proxy: Any, vendor: FakeVendor, **search_api: Any) -> Any:
+    """A proxy with tavily, brave and exa as providers (3 attempts each, simplification on) and
+    a route without a search section."""
+    routes = {
+        name: provider(
+            vendor.url,
+            name,
+            search={"vendor": name},
+            retry={"attempts": 3, "backoff": {"initial": "1ms", "max": "1ms", "jitter": "none"}},
+        )
+        for name in ("tavily", "brave", "exa")
+    }
+    routes["plain"] = route(f"{vendor.url}/echo", "/plain")
+    api = {"providers": ["tavily", "brave", "exa"], **search_api}
+    return await start_proxy({"routes": routes, "search_api": api}, clock=ManualClock())
+
+
+@pytest.mark.parametrize(
+    ("providers", "field", "says"),
+    [
+        (["tavily", "brave", "tavily"], "providers[2]", "repeats 'tavily'"),
+        (["tavily", "brave", "exa", "brave"], "providers", "names 4 providers; at most 3"),
+        (["tavily"] * 1000, "providers", "names 1000 providers; at most 3"),
+        (["plain"], "providers[0]", "is not a search provider (known: tavily, brave, exa)"),
+    ],
+)
+async def test_providers_are_search_routes_each_named_at_most_once(
+    vendor, start_proxy, providers, field, says
+):
+    client = await three_providers(start_proxy, vendor)
+    r = await client.post("/v1/search", json={"queries": ["a"] * 20, "providers": providers})
+    assert r.status == 400
+    message = (await r.json())["error"]["message"]
+    assert message.startswith(f"/v1/search: {field} ") and says in message
+    assert vendor.count() == 0
+
+
+async def test_batches_are_capped_by_search_api_max_batch(vendor, start_proxy):
+    client = await three_providers(start_proxy, vendor, max_batch=2, max_providers=2)
+    r = await client.post("/v1/search", json={"queries": ["a", "b", "c"]})
+    assert r.status == 400
+    assert "1 to 2 queries (search_api.max_batch)" in (await r.json())["error"]["message"]
+    document = await (await client.get("/openapi.json")).json()
+    request = document["components"]["schemas"]["SearchRequest"]["properties"]
+    assert request["queries"]["maxItems"] == 2
+    assert request["providers"]["maxItems"] == 2 and request["providers"]["uniqueItems"]
+    answer = await search(client, query="default providers")  # the first max_providers
+    assert [a["provider"] for a in answer["attempts"]] == ["tavily"]
+    assert vendor.count() == 1
+
+
+async def test_vendor_calls_of_one_request_stop_at_max_calls_per_request(vendor, start_proxy):
+    client = await three_providers(start_proxy, vendor, max_batch=5, max_calls_per_request=10)
+    vendor.down()  # every call fails: each provider would retry, every query try all three
+    r = await client.post("/v1/search", json={"queries": ["a", "b", "c", "d", "e"]})
+    assert r.status == 200
+    assert vendor.count() == 10  # without the bound: 5 queries x 3 providers x 3 attempts
+    responses = (await r.json())["responses"]
+    assert all(a["error"]["type"] == "all_providers_failed" for a in responses)
+    assert any("call budget spent" in a["error"]["message"] for a in responses)
+    vendor.up()
+    again = await search(client, query="the next request has its own budget")
+    assert again["provider"] == "tavily"

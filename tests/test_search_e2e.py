@@ -329,3 +329,17 @@ async def test_a_custom_profile_extending_a_vendor_answers_errors_in_its_shape(v
     r = await client.post("/tavily/search", json={"query": "far too long a query"})
     body = await r.json()
     assert r.status == 400 and "over the limit of 10" in body["detail"]["error"]
+
+
+async def test_a_vendor_message_with_control_bytes_still_gets_an_answer(
+    aiohttp_server, start_proxy
+):
+    """The vendor's own words go into the reason phrase: bytes the status line refuses must
+    not cost the agent its answer."""
+    first, _second, (u1, _u2) = await two_vendors(aiohttp_server)
+    first.set_default(Fault.status(401, {"detail": {"error": "bad\u0000key\u001b[31m here"}}))
+    client = await start_proxy({"routes": {"tavily": provider(u1, "tavily")}})
+    r = await client.post("/v1/search", json={"query": "control bytes"})
+    assert r.status == 502
+    assert all(" " <= c <= "~" for c in r.reason)
+    assert "bad key [31m here" in (await r.json())["error"]["message"]

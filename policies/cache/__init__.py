@@ -5,7 +5,13 @@ Pure decisions in `key` and `entry`, byte stores in `store`, the cross-replica f
 
 from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
-from policies.cache.key import Directives, cache_key, request_directives
+from policies.cache.key import (
+    NO_KNOWN_CREDENTIALS,
+    Directives,
+    KnownCredentials,
+    cache_key,
+    request_directives,
+)
 from policies.cache.lock import FetchLock, Lease, LockState, LockStore, Poll
 from policies.cache.policy import StaleCache
 from policies.cache.store import (
@@ -18,6 +24,7 @@ from policies.cache.store import (
 )
 
 __all__ = [
+    "NO_KNOWN_CREDENTIALS",
     "CacheConfig",
     "CacheStore",
     "Cleared",
@@ -25,6 +32,7 @@ __all__ = [
     "Entry",
     "FetchLock",
     "Freshness",
+    "KnownCredentials",
     "Lease",
     "LockState",
     "LockStore",

@@ -20,3 +20,6 @@ class CacheConfig:
     # hold in memory (deploy/k8s sets 16 MiB per route to fit its 256 MiB sidecar).
     max_bytes: int = 32 * 1024 * 1024
     lock_wait: float = 2.0
+    # Request headers that make a different answer (a tenant, a plan): always in the key, even
+    # when `shared`. Credential headers are in it anyway unless `shared`.
+    vary: tuple[str, ...] = ()

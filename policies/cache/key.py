@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import unicodedata
+from dataclasses import dataclass
 from operator import itemgetter
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
@@ -13,10 +14,21 @@ import orjson
 from multidict import CIMultiDict
 
 from policies.cache.config import CacheConfig
+from policies.core.credentials import CREDENTIAL_NAMES, is_credential_name
 
-_CREDENTIAL_HEADERS = ("authorization", "x-api-key", "x-subscription-token")
-_CREDENTIAL_FIELD = "api_key"
 _QUERY_FIELDS = frozenset({"query", "q"})
+
+
+@dataclass(frozen=True, slots=True)
+class KnownCredentials:
+    """Where a route's requests carry credentials besides the names the rule recognises: the
+    headers the route sets, and where its vendor reads its key. Lower-case names."""
+
+    headers: frozenset[str] = frozenset()
+    params: frozenset[str] = frozenset()  # query parameters and top-level JSON body fields
+
+
+NO_KNOWN_CREDENTIALS = KnownCredentials()
 
 
 class Directives(NamedTuple):
@@ -78,7 +90,16 @@ def _canonical(value: Any, field: str | None = None, depth: int = 0) -> Any:
     return value
 
 
-def _body_part(body: bytes, ignored: tuple[str, ...]) -> tuple[bytes, list[str]]:
+def _is_param_credential(name: str, known: frozenset[str]) -> bool:
+    # Exact names only: a shared key leaves these out, so a parameter the broad rule would
+    # match (`keywords`, `author`) must stay in it or different searches would share an entry.
+    lower = name.lower()
+    return lower in CREDENTIAL_NAMES or lower in known
+
+
+def _body_part(
+    body: bytes, ignored: tuple[str, ...], known: frozenset[str]
+) -> tuple[bytes, list[str]]:
     """The body as it counts for the key, and the credentials taken out of it."""
     if not body:
         return b"", []
@@ -88,15 +109,19 @@ def _body_part(body: bytes, ignored: tuple[str, ...]) -> tuple[bytes, list[str]]
         return b"r" + body, []
     credentials: list[str] = []
     if isinstance(data, dict):
+        # Credentials first: an ignored field never takes a credential out of the key.
+        for name in sorted(n for n in data if _is_param_credential(n, known)):
+            value = data.pop(name)
+            text = value if isinstance(value, str) else orjson.dumps(value).decode()
+            credentials.append(f"{name}={text}")
         for name in ignored:
             data.pop(name, None)
-        if _CREDENTIAL_FIELD in data:
-            value = data.pop(_CREDENTIAL_FIELD)
-            credentials.append(value if isinstance(value, str) else orjson.dumps(value).decode())
     return b"j" + orjson.dumps(data, option=orjson.OPT_SORT_KEYS), credentials
 
 
-def _query_part(query_string: str) -> tuple[list[tuple[str, str]], list[str]]:
+def _query_part(
+    query_string: str, known: frozenset[str]
+) -> tuple[list[tuple[str, str]], list[str]]:
     """Sorted query parameters, and the credentials taken out of them."""
     if not query_string:
         return [], []
@@ -108,8 +133,8 @@ def _query_part(query_string: str) -> tuple[list[tuple[str, str]], list[str]]:
     params: list[tuple[str, str]] = []
     credentials: list[str] = []
     for name, value in pairs:
-        if name == _CREDENTIAL_FIELD:
-            credentials.append(value)
+        if _is_param_credential(name, known):
+            credentials.append(f"{name}={value}")
         else:
             params.append((unicodedata.normalize("NFC", name), _text(value, name)))
     # A stable sort keeps repeated parameters in their order, which may carry meaning.
@@ -126,25 +151,42 @@ def cache_key(
     headers: CIMultiDict[str],
     cfg: CacheConfig,
     client: str = "",
+    known: KnownCredentials = NO_KNOWN_CREDENTIALS,
 ) -> str:
-    """`<route>:<sha256 hex>` over method, path, sorted query, canonical body and, unless
-    `cfg.shared`, the caller's credentials (headers, `api_key` in body or query, `client`).
+    """`<route>:<sha256 hex>` over method, path, sorted query, canonical body, the `cfg.vary`
+    headers and, unless `cfg.shared`, the caller's credentials: every header whose name is a
+    credential (policies/core/credentials.py) or is `known` to the route, the credential
+    parameters and body fields (`api_key`, `key`, `token` ..., and `known.params`), `client`.
 
     JSON bodies count with sorted keys, Unicode NFC and whitespace runs collapsed in `query`/`q`
-    fields; `cfg.ignore_body_fields` and `api_key` are dropped from the top-level object. Any
-    other body, and JSON nested deeper than MAX_CANONICAL_DEPTH, counts byte for byte.
+    fields; credential fields and `cfg.ignore_body_fields` are taken out of the top-level object.
+    Any other body, and JSON nested deeper than MAX_CANONICAL_DEPTH, counts byte for byte.
     """
-    params, query_credentials = _query_part(query_string)
-    body_part, body_credentials = _body_part(body, cfg.ignore_body_fields)
+    params, query_credentials = _query_part(query_string, known.params)
+    body_part, body_credentials = _body_part(body, cfg.ignore_body_fields, known.params)
     material: list[Any] = [method.upper(), path, params]
     if not cfg.shared:
         material.append(
-            [f"{h}={v}" for h in _CREDENTIAL_HEADERS for v in headers.getall(h, ())]
-            + [f"api_key={v}" for v in (*query_credentials, *body_credentials)]
+            _credential_headers(headers, known.headers)
+            + query_credentials
+            + body_credentials
             + [f"client={client}"]
         )
+    if cfg.vary:
+        material.append([f"{h.lower()}={v}" for h in cfg.vary for v in headers.getall(h, ())])
     # orjson escapes control characters, so the NUL cannot occur inside the JSON before it.
     digest = hashlib.sha256(orjson.dumps(material))
     digest.update(b"\x00")
     digest.update(body_part)
     return f"{route}:{digest.hexdigest()}"
+
+
+def _credential_headers(headers: CIMultiDict[str], known: frozenset[str]) -> list[str]:
+    """`name=value` for every credential header, by name (a name's values in their order)."""
+    found = [
+        (name.lower(), value)
+        for name, value in headers.items()
+        if name.lower() in known or is_credential_name(name)
+    ]
+    found.sort(key=itemgetter(0))
+    return [f"{name}={value}" for name, value in found]

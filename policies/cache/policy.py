@@ -12,7 +12,12 @@ from multidict import CIMultiDict
 
 from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
-from policies.cache.key import cache_key, request_directives
+from policies.cache.key import (
+    NO_KNOWN_CREDENTIALS,
+    KnownCredentials,
+    cache_key,
+    request_directives,
+)
 from policies.cache.lock import FetchLock, LockState
 from policies.cache.store import CacheStore, Cleared
 from policies.core.clock import SYSTEM_CLOCK, Clock
@@ -36,7 +41,7 @@ _FETCH_YOURSELF = _Outcome(cache="miss")
 
 
 def _copy(reply: Reply) -> Reply:
-    return Reply(reply.status, CIMultiDict(reply.headers), reply.body)
+    return Reply(reply.status, CIMultiDict(reply.headers), reply.body, provider=reply.provider)
 
 
 class StaleCache:
@@ -62,6 +67,7 @@ class StaleCache:
         events: Events | None = None,
         storable: Callable[[Reply], bool] = default_storable,
         poll_interval: float = 0.05,
+        known: KnownCredentials = NO_KNOWN_CREDENTIALS,
     ) -> None:
         self.route = route
         self.cfg = cfg
@@ -69,6 +75,7 @@ class StaleCache:
         self.clock = clock
         self.events = events or NullEvents()
         self.storable = storable
+        self.known = known  # where this route's requests carry credentials (the key's part)
         self.fetch_lock = FetchLock(store, cfg, clock, poll_interval)
         self._inflight: dict[str, asyncio.Future[_Outcome]] = {}
 
@@ -92,6 +99,7 @@ class StaleCache:
             flow.headers,
             self.cfg,
             flow.client,
+            self.known,
         )
         pending = self._inflight.get(key)
         if pending is not None:

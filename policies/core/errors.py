@@ -119,6 +119,14 @@ class RateLimited(LocalRefusal):
     summary = "429"
 
 
+class QuotaExceeded(RateLimited):
+    """The caller's daily quota (`clients.<name>.daily_requests`) is used up until the day
+    ends; `retry_after_s` is the time until then. A rate limit to every SDK (429)."""
+
+    type = "quota_exceeded"
+    summary = "daily quota used"
+
+
 class UpstreamPoolExhausted(LocalRefusal):
     """Every pooled connection to the vendor stayed busy for the whole pool wait.
 

@@ -24,8 +24,15 @@ class Events(Protocol):
     def ratelimit(self, route: str, decision: str, waited_s: float) -> None:
         """decision: allowed, delayed or rejected; waited_s: time spent waiting for a token."""
 
+    def buckets(self, route: str, held: int, evicted: int) -> None:
+        """The route's limiter made a bucket: it now holds `held` in this process, having just
+        evicted `evicted` least-recently-used ones to stay within `rate_limit.max_clients`."""
+
     def breaker_transition(self, route: str, state: str) -> None:
         """The route's breaker moved to `state` (closed, half_open, open)."""
+
+    def breaker_probe(self, route: str, result: str) -> None:
+        """The route's breaker sent an active probe while open: result is ok or failed."""
 
     def cache(self, route: str, result: str) -> None:
         """result: hit, miss, stale, bypass or store."""
@@ -38,6 +45,10 @@ class Events(Protocol):
 
     def failover(self, route: str, provider: str, result: str) -> None:
         """A fallback provider was asked for `route`: answered, empty, failed or skipped."""
+
+    def hedge(self, route: str, result: str) -> None:
+        """A hedged attempt ended: won, lost (failed), cancelled (another won); refused: the
+        budget or the fallback's state stopped one from being sent."""
 
     def redis_state(self, up: bool) -> None:
         """Redis became reachable (True) or unreachable (False); shared state degrades meanwhile."""
@@ -58,7 +69,13 @@ class NullEvents:
     def ratelimit(self, route: str, decision: str, waited_s: float) -> None:
         pass
 
+    def buckets(self, route: str, held: int, evicted: int) -> None:
+        pass
+
     def breaker_transition(self, route: str, state: str) -> None:
+        pass
+
+    def breaker_probe(self, route: str, result: str) -> None:
         pass
 
     def cache(self, route: str, result: str) -> None:
@@ -71,6 +88,9 @@ class NullEvents:
         pass
 
     def failover(self, route: str, provider: str, result: str) -> None:
+        pass
+
+    def hedge(self, route: str, result: str) -> None:
         pass
 
     def redis_state(self, up: bool) -> None:

@@ -36,6 +36,24 @@ class Reply:
             self.release = None
 
 
+class CallBudget:
+    """How many vendor calls one agent request may still make, shared by every flow it starts
+    (a /v1/search request's queries and providers, their retries, variants and failovers)."""
+
+    __slots__ = ("limit", "spent")
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.spent = 0
+
+    def spend(self) -> bool:
+        """Take one call; False, taking nothing, when all are spent."""
+        if self.spent >= self.limit:
+            return False
+        self.spent += 1
+        return True
+
+
 @dataclass(slots=True)
 class Flow:
     """One agent request as the policies see it."""
@@ -50,8 +68,9 @@ class Flow:
     client: str  # hash of the caller's credentials; "" when it sent none
     deadline: float  # clock.now() value after which no attempt may run
     started: float
-    attempts: int = 0
+    attempts: int = 0  # upstream attempts of the retry loop (hedges not included)
     max_attempts: int = 1
+    hedges: int = 0  # hedged attempts sent besides them (policies/hedge.py)
     upstream_seconds: float = 0.0  # time spent in upstream attempts
     waited_seconds: float = 0.0  # time spent deliberately waiting (backoff, rate limit)
     retry_reasons: list[str] = field(default_factory=list)
@@ -60,6 +79,7 @@ class Flow:
     query_used: str | None = None
     provider: str | None = None  # the fallback route that answered, when failover did
     reply_headers: dict[str, str] = field(default_factory=dict)  # added to the agent's answer
+    calls: CallBudget | None = None  # the request's bound on vendor calls; None: no bound
 
 
 Handler = Callable[[Flow], Awaitable[Reply]]

@@ -88,7 +88,8 @@ def error_message(body: bytes) -> str | None:
     for path in _MESSAGE_PATHS:
         value = _dig(data, path)
         if isinstance(value, str) and value.strip():
-            text = " ".join(value.split())
+            # One printable line: the vendor's words end up in status lines and logs.
+            text = "".join(c if c.isprintable() else " " for c in " ".join(value.split()))
             return text if len(text) <= MAX_VENDOR_MESSAGE else text[:MAX_VENDOR_MESSAGE] + "..."
     return None
 

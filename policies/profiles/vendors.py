@@ -52,7 +52,8 @@ BUILTIN_PROFILES: Mapping[str, VendorProfile] = MappingProxyType(
                 results_paths=(("web", "results"), ("results",)),  # web search; news/videos
                 snippet_fields=("description",),
                 missing_results_is_empty=True,  # `web` is left out when nothing was found
-                terminal_statuses=frozenset({422}),  # SUBSCRIPTION_TOKEN_INVALID
+                # A bad key is 422 SUBSCRIPTION_TOKEN_INVALID; other 422s are the request's own.
+                terminal_body_codes={422: frozenset({"SUBSCRIPTION_TOKEN_INVALID"})},
                 error_code_paths=(_path("error.code"),),
                 ratelimit_headers=True,
                 search_method="GET",

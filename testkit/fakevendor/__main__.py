@@ -30,6 +30,9 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p.add_argument("--rate-limit", type=int, default=None, help="requests per second")
     p.add_argument("--latency", type=float, default=0.0, help="seconds added to each answer")
     p.add_argument("--jitter", type=float, default=0.0)
+    p.add_argument(
+        "--latency-sigma", type=float, default=0.0, help="lognormal latency: median --latency"
+    )
     p.add_argument("--gzip", action="store_true", help="gzip when Accept-Encoding allows")
     p.add_argument("--record", action="store_true", help="keep every request (memory grows)")
     return p.parse_args(argv)
@@ -43,7 +46,7 @@ def vendor_from_args(args: argparse.Namespace) -> FakeVendor:
     v.malformed_ratio(args.malformed_ratio)
     v.empty_when_words_over(args.empty_words_over)
     v.rate_limit(args.rate_limit)
-    v.latency(args.latency, args.jitter)
+    v.latency(args.latency, args.jitter, sigma=args.latency_sigma)
     v.gzip_when_accepted(args.gzip)
     if args.down:
         v.down()

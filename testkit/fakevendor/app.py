@@ -110,7 +110,7 @@ class FakeVendor:
         self._down: Fault | None = None
         self._rate: int | None = None
         self._rate_window: deque[float] = deque()
-        self._latency = (0.0, 0.0)
+        self._latency = (0.0, 0.0, 0.0)
         self._gzip_accepted = False
         self._brave: tuple[int, int, int] | None = None
         self._brave_window: deque[float] = deque()
@@ -175,9 +175,11 @@ class FakeVendor:
         self._rate_window.clear()
         return self
 
-    def latency(self, seconds: float, jitter: float = 0.0) -> FakeVendor:
-        """Delay every answer by ``seconds`` +- a seeded-random ``jitter``."""
-        self._latency = (seconds, jitter)
+    def latency(self, seconds: float, jitter: float = 0.0, *, sigma: float = 0.0) -> FakeVendor:
+        """Delay every answer by ``seconds`` +- a seeded-random ``jitter``. With ``sigma`` the
+        delay is lognormal instead: median ``seconds``, ``sigma`` the spread of its logarithm
+        (0.7: the p99 is about 5x the median, the long tail search vendors have)."""
+        self._latency = (seconds, jitter, sigma)
         return self
 
     def gzip_when_accepted(self, enabled: bool = True) -> FakeVendor:
@@ -449,7 +451,9 @@ class FakeVendor:
         return not closing.is_set()
 
     def _latency_now(self) -> float:
-        base, jitter = self._latency
+        base, jitter, sigma = self._latency
+        if sigma:
+            return base * math.exp(sigma * self._rng.gauss(0.0, 1.0))
         if jitter:
             base += self._rng.uniform(-jitter, jitter)
         return max(0.0, base)

@@ -1,0 +1,59 @@
+"""Which names carry credentials: one rule for the logs, the printed config and the cache key.
+
+A rule rather than a list, so a vendor's own header (`X-Goog-Api-Key`,
+`Ocp-Apim-Subscription-Key`) or parameter (`subscription-key`) is covered without being named.
+"""
+
+from __future__ import annotations
+
+# A header, query parameter or field whose name contains one of these (any case) is a credential.
+CREDENTIAL_WORDS = (
+    "key",
+    "token",
+    "secret",
+    "password",
+    "passwd",
+    "auth",
+    "signature",
+    "sig",
+    "subscription",
+    "credential",
+    "session",
+    "cookie",
+)
+# Names that are credentials outright. The first group the words already cover: it is also the
+# set of parameter and body-field names certain enough to leave out of a shared cache's key.
+CREDENTIAL_NAMES = frozenset(
+    {
+        "api_key",
+        "apikey",
+        "api-key",
+        "x-api-key",
+        "key",
+        "token",
+        "access_token",
+        "access-token",
+        "auth",
+        "password",
+        "secret",
+        # Not covered by the words.
+        "pass",
+        "pwd",
+        "jwt",
+        "bearer",
+        "sid",
+    }
+)
+# Names the words match that are not secrets: an SDK's per-request Idempotency-Key must not
+# make every request its own cache entry.
+NOT_CREDENTIALS = frozenset({"idempotency-key", "x-idempotency-key", "idempotency_key"})
+
+
+def is_credential_name(name: str) -> bool:
+    """Whether a header, query parameter or field of this name carries a credential."""
+    lower = name.lower()
+    if lower in CREDENTIAL_NAMES:
+        return True
+    if lower in NOT_CREDENTIALS:
+        return False
+    return any(word in lower for word in CREDENTIAL_WORDS)

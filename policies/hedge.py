@@ -1,0 +1,364 @@
+"""Hedged attempts: while an attempt is slower than the route usually is, send another and take
+the first usable answer (tower's `hedge`, gRPC's and Envoy's hedging policies).
+
+It sits inside the retry loop, above the rate limiter: each hedge spends a token and a slot of
+the retry budget like any attempt, and the retry loop, the breaker and the cache see one answer
+per round, the winner's. Losers are cancelled, which closes their connections; their bodies are
+never read further. Only idempotent work is hedged: searches (the route's profile finds the
+query), GET, and the methods the route marks safe.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from typing import Literal
+from urllib.parse import parse_qsl
+
+from policies.backoff import RetryBudget
+from policies.core.clock import Clock
+from policies.core.errors import ProxyError, VendorFailure
+from policies.core.events import Events
+from policies.core.flow import Flow, Handler, Reply
+from policies.core.outcome import Classifier, Outcome, status_outcome
+from policies.latency import LatencyWindow
+from policies.profiles import VendorProfile, extract_query
+from policies.translate import Provider, Translated, ask, read_search
+
+# The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
+MIN_AFTER_S = 0.001
+# A hedge is not sent unless this much of the request's deadline is left.
+MIN_ATTEMPT_S = 0.05
+# Samples the latency window needs before `after: auto` sends any hedge.
+MIN_SAMPLES = 20.0
+
+
+@dataclass(frozen=True)
+class HedgeBudgetConfig:
+    ratio: float = 0.05  # hedges per hedgeable attempt at most, over a sliding 10 s window
+    min_per_s: int = 1  # ... or this many per second of the window, if more (quiet routes)
+
+
+@dataclass(frozen=True)
+class HedgeConfig:
+    """A route's `hedge:` section."""
+
+    after: float | Literal["auto"] = "auto"  # seconds, or the route's recent percentile
+    percentile: float = 0.95
+    max_extra: int = 1  # hedges per attempt at most
+    budget: HedgeBudgetConfig = HedgeBudgetConfig()
+    to: Literal["same", "fallback"] = "same"  # fallback: the route's first fallback provider
+    methods: frozenset[str] = frozenset({"GET"})  # hedged besides the searches the profile finds
+
+
+class Hedge:
+    """Races an attempt against the hedges sent while it is slow; see the module docstring."""
+
+    def __init__(
+        self,
+        route: str,
+        config: HedgeConfig,
+        *,
+        per_try: float,
+        clock: Clock,
+        events: Events,
+        classify: Classifier = status_outcome,
+        profile: VendorProfile | None = None,
+        retry_budget: RetryBudget | None = None,
+        fallback: Callable[[], Provider | None] | None = None,
+    ) -> None:
+        self.route = route
+        self.config = config
+        self.per_try = per_try
+        self.clock = clock
+        self.events = events
+        self.classify = classify
+        self.profile = profile
+        # Hedges spend the retry budget too, so hedges and retries together stay within it.
+        self.retry_budget = retry_budget
+        self.fallback = fallback
+        b = config.budget
+        # The floor is for quiet routes: on a busy one, `ratio` is the whole of the extra load.
+        self.budget = RetryBudget(b.ratio, b.min_per_s, clock, floor="least")
+        self.window = LatencyWindow(clock) if config.after == "auto" else None
+
+    def hedgeable(self, flow: Flow) -> bool:
+        """Whether sending this request twice is safe (a pure decision)."""
+        if flow.method in self.config.methods:
+            return True
+        if self.profile is None:
+            return False
+        query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
+        ref = extract_query(self.profile, path=flow.path, query=query, body=flow.body)
+        return ref is not None and ref.is_text
+
+    def after(self) -> float | None:
+        """Seconds an attempt runs alone before a hedge joins it; None: no hedge (the window
+        knows too little yet, or the attempt would time out first)."""
+        if self.window is None:
+            return float(self.config.after)
+        found = self.window.percentile(self.config.percentile, MIN_SAMPLES)
+        if found is None or found >= self.per_try:
+            return None
+        return max(MIN_AFTER_S, found)
+
+    async def handle(self, flow: Flow, call_next: Handler) -> Reply:
+        if not self.hedgeable(flow):
+            return await call_next(flow)
+        self.budget.record_request()
+        return await _Race(self, flow, call_next).run()
+
+    def spend(self) -> bool:
+        """Take a hedge slot from the hedge budget and the retry budget; False if either is out."""
+        if not self.budget.try_acquire_retry():
+            return False
+        return self.retry_budget is None or self.retry_budget.try_acquire_retry()
+
+
+@dataclass(eq=False)
+class _Attempt:
+    task: asyncio.Task[Reply]
+    started: float
+    hedge: bool
+    provider: str | None = None  # the fallback route a hedge went to
+    dropped: list[str] = field(default_factory=list)  # options that fallback could not honour
+
+
+@dataclass(eq=False)
+class _Race:
+    """One round: the attempt, the hedges sent while nothing has answered, and the winner."""
+
+    policy: Hedge
+    flow: Flow
+    call_next: Handler
+    attempts: list[_Attempt] = field(default_factory=list)
+    sent: int = 0  # hedges sent this round
+    hedging: bool = True  # false once a hedge was refused: none follows this round
+    failure: Reply | ProxyError | None = None  # the first attempt's, if it failed
+
+    async def run(self) -> Reply:
+        p = self.policy
+        after = p.after()
+        if after is None:
+            return await self._alone()
+        started = p.clock.now()
+        self._start(self.call_next(self.flow), hedge=False)
+        timer: asyncio.Future[None] | None = None
+        try:
+            while True:
+                running = {a.task for a in self.attempts if not a.task.done()}
+                if self.hedging and self.sent < p.config.max_extra:
+                    due = started + (self.sent + 1) * after
+                    timer = asyncio.ensure_future(p.clock.sleep(due - p.clock.now()))
+                done, _ = await asyncio.wait(
+                    running if timer is None else running | {timer},
+                    return_when=asyncio.FIRST_COMPLETED,
+                )
+                winner = self._settle([a for a in self.attempts if a.task in done])
+                if winner is not None:
+                    return self._won(winner)
+                if all(a.task.done() for a in self.attempts):
+                    return self._no_winner()  # failed before its hedge was due: a retry's turn
+                if timer is not None:
+                    if timer in done:
+                        self._hedge()
+                    else:
+                        timer.cancel()
+                    timer = None
+        finally:
+            if timer is not None:
+                timer.cancel()
+            await self._cancel_rest()
+            if self.flow.hedges:
+                self.flow.reply_headers["X-Proxy-Hedges"] = str(self.flow.hedges)
+
+    async def _alone(self) -> Reply:
+        """The attempt without a hedge (nothing to time it against yet), timed for the window."""
+        p = self.policy
+        started = p.clock.now()
+        try:
+            reply = await self.call_next(self.flow)
+        except VendorFailure as exc:
+            if exc.outcome is Outcome.TIMEOUT and p.window is not None:
+                p.window.record_cut(p.clock.now() - started)
+            raise
+        if p.window is not None and p.classify(reply) in (Outcome.OK, Outcome.EMPTY):
+            p.window.record(p.clock.now() - started)
+        return reply
+
+    def _start(
+        self,
+        work: Awaitable[Reply],
+        *,
+        hedge: bool,
+        provider: str | None = None,
+        dropped: list[str] | None = None,
+    ) -> None:
+        task = asyncio.ensure_future(work)
+        now = self.policy.clock.now()
+        self.attempts.append(_Attempt(task, now, hedge, provider, dropped or []))
+
+    def _hedge(self) -> None:
+        """Send the next hedge, if the deadline, the target and the budgets allow."""
+        p = self.policy
+        now = p.clock.now()
+        if self.flow.deadline - now < MIN_ATTEMPT_S:
+            self.hedging = False
+            return
+        if p.config.to == "fallback":
+            self._hedge_to_fallback(now)
+            return
+        if not p.spend():
+            self._refused()
+            return
+        self.sent += 1
+        self.flow.hedges += 1
+        # A copy: the hedge's attempt count and timings are its own, not the request's.
+        twin = replace(self.flow, retry_reasons=[], reply_headers={})
+        self._start(self.call_next(twin), hedge=True)
+
+    def _hedge_to_fallback(self, now: float) -> None:
+        p = self.policy
+        provider = p.fallback() if p.fallback is not None else None
+        if provider is None or p.profile is None or not provider.available():
+            self._refused()
+            return
+        query = dict(parse_qsl(self.flow.query_string, keep_blank_values=True))
+        ref = extract_query(p.profile, path=self.flow.path, query=query, body=self.flow.body)
+        if ref is None or not ref.is_text:
+            self.hedging = False  # not a search another vendor can be asked
+            return
+        if not p.spend():
+            self._refused()
+            return
+        self.sent += 1
+        self.flow.hedges += 1
+        wall = datetime.fromtimestamp(p.clock.wall(), UTC)
+        search = read_search(p.profile, self.flow, ref, wall)
+        answer = ask(
+            p.profile, provider, search, self.flow, now=now, wall=wall, deadline=self.flow.deadline
+        )
+        dropped: list[str] = []
+        work = _reply_of(answer, provider.name, dropped)
+        self._start(work, hedge=True, provider=provider.name, dropped=dropped)
+
+    def _refused(self) -> None:
+        self.hedging = False
+        self.policy.events.hedge(self.policy.route, "refused")
+
+    def _settle(self, ended: list[_Attempt]) -> _Attempt | None:
+        """Look at the attempts that just ended, in the order they were sent: the first answer
+        that is no vendor failure wins; the others' answers are dropped."""
+        p = self.policy
+        winner: _Attempt | None = None
+        for attempt in ended:
+            try:
+                reply = attempt.task.result()
+            except ProxyError as exc:
+                outcome = exc.outcome if isinstance(exc, VendorFailure) else None
+                self._lost(attempt, exc, outcome)
+                continue
+            outcome = reply.outcome if attempt.provider is not None else p.classify(reply)
+            if winner is None and outcome is not None and not outcome.is_vendor_failure:
+                winner = attempt
+                if not attempt.hedge and outcome in (Outcome.OK, Outcome.EMPTY):
+                    self._observe(attempt, cut=False)
+            else:
+                self._lost(attempt, reply, outcome)
+        return winner
+
+    def _lost(
+        self, attempt: _Attempt, failure: Reply | ProxyError, outcome: Outcome | None
+    ) -> None:
+        """An attempt ended without winning."""
+        p = self.policy
+        if not attempt.hedge:
+            self.failure = failure  # the round's answer unless a hedge wins
+            if outcome is Outcome.TIMEOUT:
+                self._observe(attempt, cut=True)
+            return
+        if isinstance(failure, Reply):
+            failure.discard()
+        if attempt.provider is None and outcome is not None:
+            p.events.attempt(p.route, outcome)  # a fallback counts its own attempts
+        p.events.hedge(p.route, "lost")
+
+    def _observe(self, attempt: _Attempt, *, cut: bool) -> None:
+        """Time the round's first attempt: hedges start late and race, so they would skew it."""
+        window = self.policy.window
+        if window is None:
+            return
+        elapsed = self.policy.clock.now() - attempt.started
+        if cut:
+            window.record_cut(elapsed)
+        else:
+            window.record(elapsed)
+
+    def _won(self, winner: _Attempt) -> Reply:
+        p = self.policy
+        reply = winner.task.result()
+        if not winner.hedge:
+            return reply
+        p.events.hedge(p.route, "won")
+        first = self.failure
+        if first is not None:  # the first attempt failed before the hedge won: count it
+            outcome = first.outcome if isinstance(first, VendorFailure) else None
+            if isinstance(first, Reply):
+                outcome = p.classify(first)
+                first.discard()
+            if outcome is not None:
+                p.events.attempt(p.route, outcome)
+            self.failure = None
+        if winner.provider is not None:
+            self.flow.provider = winner.provider
+            self.flow.reply_headers["X-Search-Provider"] = winner.provider
+            if winner.dropped:
+                self.flow.reply_headers["X-Search-Dropped-Options"] = ",".join(winner.dropped)
+        return reply
+
+    def _no_winner(self) -> Reply:
+        """Every attempt failed: the round ends as the first attempt did (the retry loop decides
+        what next), the hedges' answers dropped."""
+        first = self.failure
+        assert first is not None
+        self.failure = None
+        if isinstance(first, Reply):
+            return first
+        raise first
+
+    async def _cancel_rest(self) -> None:
+        """Cancel what still runs and wait for it to let go of its connection."""
+        p = self.policy
+        running = [a for a in self.attempts if not a.task.done()]
+        for attempt in running:
+            attempt.task.cancel()
+        if running:
+            await asyncio.wait([a.task for a in running])
+        for attempt in running:
+            task = attempt.task
+            if not task.cancelled() and task.exception() is None:
+                task.result().discard()  # it answered while being cancelled
+            if attempt.hedge:
+                p.events.hedge(p.route, "cancelled")
+            else:
+                self._observe(attempt, cut=True)
+        if self.failure is not None and isinstance(self.failure, Reply):
+            self.failure.discard()  # a hedge won: the first attempt's failed answer goes
+
+
+async def _reply_of(
+    answer: Awaitable[Translated | None], provider: str, dropped: list[str]
+) -> Reply:
+    """A hedge to a fallback as an attempt: its translated answer (the options it dropped go
+    into `dropped`), or a failure."""
+    translated = await answer
+    if translated is None:
+        raise _FallbackFailed(f"{provider}: no usable answer")
+    dropped.extend(translated.dropped)
+    return translated.reply
+
+
+class _FallbackFailed(ProxyError):
+    """A hedge to the fallback provider got no usable answer (never shown to an agent)."""

@@ -1,0 +1,210 @@
+"""Known clients (`clients:`): who is calling, by its token, and whether its day has room left.
+
+An agent sends its client token where its SDK sends the vendor's API key (the route profile's
+credential slot: `Authorization: Bearer`, `x-api-key`, `X-Subscription-Token`, `api_key=`), or
+as `Authorization: Bearer <token>` on any route and on /v1/search. The proxy recognises it,
+scrubs it from the request and sends the route's own key (`headers.set`), so an agent's config
+holds no vendor key. Without a known token a request is refused (401) before any vendor call,
+any rate-limit bucket or any quota count.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import ipaddress
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
+from urllib.parse import parse_qsl, unquote_plus
+
+from multidict import CIMultiDictProxy
+
+from policies.core.errors import QuotaExceeded
+from policies.core.flow import Flow
+from policies.profiles import VendorProfile, credential_slot
+from policies.profiles.query import CredentialSlot
+from policies.quota import DailyQuota
+from proxy.config import ClientConfig, ConfigError, ConfigErrors
+from proxy.errors import Unauthorized
+from proxy.metrics import Metrics
+from proxy.pipeline import Route
+
+MIN_TOKEN_CHARS = 16
+_VISIBLE_ASCII = re.compile(r"^[\x21-\x7e]+$")  # one header value: no spaces, no controls
+# Where a token is looked for besides the vendor's own slot: every route and /v1/search.
+BEARER = CredentialSlot("header", "Authorization", "Bearer ")
+CHALLENGE = {"WWW-Authenticate": 'Bearer realm="search-proxy"'}
+
+
+def token_problem(token: str) -> str | None:
+    """Why `token` is too weak to guard anything (None: it will do). Never quotes the token."""
+    if len(token) >= MIN_TOKEN_CHARS and _VISIBLE_ASCII.match(token):
+        return None
+    return (
+        f"must be at least {MIN_TOKEN_CHARS} visible ASCII characters without spaces, not a "
+        "placeholder; generate one with `openssl rand -hex 32`"
+    )
+
+
+def is_loopback_host(host: str) -> bool:
+    """Whether a listen address reaches this machine only (`localhost` counts, a name doesn't)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def without_param(query_string: str, name: str, value: str) -> str:
+    """`query_string` less its `name=value` pairs (compared decoded); every other pair as sent."""
+    kept = []
+    for pair in query_string.split("&") if query_string else ():
+        key, _, val = pair.partition("=")
+        if unquote_plus(key) != name or unquote_plus(val) != value:
+            kept.append(pair)
+    return "&".join(kept)
+
+
+def _unprefixed(value: str, prefix: str) -> str | None:
+    """The token in a header value: after the scheme prefix (any case), if the slot has one."""
+    if prefix:
+        if value[: len(prefix)].lower() != prefix.lower():
+            return None
+        value = value[len(prefix) :]
+    return value.strip() or None
+
+
+def presented(
+    slot: CredentialSlot | None, headers: CIMultiDictProxy[str], query_string: str
+) -> Iterator[tuple[CredentialSlot, str, str]]:
+    """Every (slot, value as sent, candidate token) of a request: the vendor's slot, then
+    `Authorization: Bearer`."""
+    for where in (slot, BEARER) if slot is not None and slot != BEARER else (BEARER,):
+        if where.kind == "header":
+            for value in headers.getall(where.name, ()):
+                token = _unprefixed(value, where.prefix)
+                if token is not None:
+                    yield where, value, token
+        elif query_string:
+            for key, value in parse_qsl(query_string, keep_blank_values=True):
+                if key == where.name and value:
+                    yield where, value, value
+
+
+def _digest(token: str) -> bytes:
+    return hashlib.sha256(token.encode("utf-8", "replace")).digest()
+
+
+def _where_text(slot: CredentialSlot | None) -> str:
+    if slot is None or slot == BEARER:
+        return "Authorization: Bearer <token>"
+    if slot.kind == "query":
+        return f"the {slot.name} query parameter, or Authorization: Bearer <token>"
+    return f"{slot.name}: {slot.prefix}<token>, or Authorization: Bearer <token>"
+
+
+@dataclass(frozen=True, slots=True)
+class Caller:
+    """A recognised client, and where its token sits in the request (so it can be scrubbed)."""
+
+    name: str
+    headers: tuple[tuple[str, str], ...] = ()  # (header, the exact value that carried it)
+    params: tuple[tuple[str, str], ...] = ()  # (query parameter, its decoded value)
+
+    def scrub(self, flow: Flow) -> None:
+        """Take the token out of the outbound request. A value the route set since (its own
+        key in the same header) differs from what the agent sent, and stays."""
+        for name, value in self.headers:
+            values = flow.headers.getall(name, [])
+            if value in values:
+                flow.headers.popall(name)
+                for kept in values:
+                    if kept != value:
+                        flow.headers.add(name, kept)
+        for name, value in self.params:
+            flow.query_string = without_param(flow.query_string, name, value)
+
+
+class ClientGate:
+    """Recognises configured clients by their tokens and spends their daily quotas; built once
+    at start-up. Tokens are kept only as digests. A weak or shared token is a ConfigError."""
+
+    def __init__(
+        self, clients: Mapping[str, ClientConfig], quota: DailyQuota, metrics: Metrics
+    ) -> None:
+        self.quota = quota
+        self.metrics = metrics
+        self._by_digest: dict[bytes, str] = {}
+        errors = []
+        for name, client in clients.items():
+            where = f"clients.{name}.token"
+            problem = token_problem(client.token)
+            digest = _digest(client.token)
+            if problem is not None:
+                errors.append(ConfigError(where, problem))
+            elif digest in self._by_digest:
+                other = self._by_digest[digest]
+                errors.append(
+                    ConfigError(where, f"is client {other!r}'s token too: give each its own")
+                )
+            else:
+                self._by_digest[digest] = name
+        if errors:
+            raise ConfigErrors(errors)
+
+    def identify(
+        self, profile: VendorProfile | None, headers: CIMultiDictProxy[str], query_string: str
+    ) -> Caller:
+        """The caller whose token the request carries (in `profile`'s credential slot or as a
+        bearer token); Unauthorized without one. Every place that carried a known token is
+        recorded, to be scrubbed."""
+        slot = credential_slot(profile) if profile is not None else None
+        name: str | None = None
+        carrying_headers: list[tuple[str, str]] = []
+        carrying_params: list[tuple[str, str]] = []
+        for where, value, token in presented(slot, headers, query_string):
+            known = self._by_digest.get(_digest(token))
+            if known is None:
+                continue
+            name = name or known
+            carrying = carrying_headers if where.kind == "header" else carrying_params
+            carrying.append((where.name, value))
+        if name is None:
+            self.metrics.clients_refused.labels("unknown_token").inc()
+            raise Unauthorized(
+                "search-proxy serves known clients only, and this request carries no known "
+                "client token: send the token you were given where the SDK sends its API key "
+                f"({_where_text(slot)})",
+                headers=CHALLENGE,
+            )
+        return Caller(name, tuple(carrying_headers), tuple(carrying_params))
+
+    async def admit(
+        self, profile: VendorProfile | None, headers: CIMultiDictProxy[str], query_string: str
+    ) -> Caller:
+        """`identify`, then count the request against the caller's daily quota (QuotaExceeded
+        past it, with the time until the day ends)."""
+        caller = self.identify(profile, headers, query_string)
+        try:
+            await self.quota.spend(caller.name)
+        except QuotaExceeded:
+            self.metrics.clients_refused.labels("quota").inc()
+            raise
+        return caller
+
+
+def keyless_routes(routes: Mapping[str, Route]) -> list[str]:
+    """Routes whose vendor takes a key in a slot the route does not fill (`headers.set`): with
+    clients configured, their requests reach the vendor with no key at all."""
+    keyless = []
+    for name, route in routes.items():
+        slot = credential_slot(route.profile) if route.profile is not None else None
+        if slot is None:
+            continue
+        filled = slot.kind == "header" and any(
+            header.lower() == slot.name.lower() for header, _ in route.set_headers
+        )
+        if not filled:
+            keyless.append(name)
+    return keyless
