@@ -26,18 +26,16 @@ the non-proxy CPU while the group runs.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import aiohttp
 import orjson
 
-from bench.procs import Pinning, fake_vendor, get_json, get_text, metric_sum, proxy
+from bench.procs import Pinning, client_pinned, fake_vendor, get_json, get_text, metric_sum, proxy
 from bench.report import Figure, Scenario, at_most, percentile, spread
 from bench.search import QUERIES
 from policies.profiles import BUILTIN_PROFILES, build_search_request
@@ -229,20 +227,6 @@ async def _interleaved(
         (b * size, done if b == DIRECT_BLOCKS - 1 else (b + 1) * size) for b in range(DIRECT_BLOCKS)
     ]
     return translated, direct, [(lo, hi) for lo, hi in blocks if hi > lo]
-
-
-@contextlib.contextmanager
-def _client_pinned(pinning: Pinning) -> Iterator[None]:
-    """This process (the load client) on the non-proxy CPU while the group runs."""
-    if not pinning.enabled or pinning.other_cpu is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {pinning.other_cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
 
 
 # -------------------------------------------------------------------------------- figures
@@ -467,7 +451,7 @@ SCENARIOS: tuple[Callable[[Pinning, str], list[Scenario]], ...] = (
 
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
     """One fake vendor (latency 0) for the group; a proxy per config."""
-    with _client_pinned(pinning), fake_vendor(pinning) as vendor_url:
+    with client_pinned(pinning), fake_vendor(pinning) as vendor_url:
         for scenario in SCENARIOS:
             try:
                 for s in scenario(pinning, vendor_url):

@@ -26,14 +26,12 @@ Vendor calls are counted by the fake vendor (`/__fake__/stats`); hedges by the p
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from bench.client import LoadResult, run_load
-from bench.procs import Pinning, fake_vendor, get_json, get_text, metric_sum, proxy
+from bench.procs import Pinning, client_pinned, fake_vendor, get_json, get_text, metric_sum, proxy
 from bench.report import Figure, Scenario, at_most, below
 from testkit.procs import StartError
 
@@ -219,26 +217,12 @@ def lognormal(pinning: Pinning) -> list[Scenario]:
     return [s]
 
 
-@contextlib.contextmanager
-def _client_pinned(pinning: Pinning) -> Iterator[None]:
-    """This process (the load client) on the non-proxy CPU while the group runs."""
-    if not pinning.enabled or pinning.other_cpu is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {pinning.other_cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 SCENARIOS: tuple[Callable[[Pinning], list[Scenario]], ...] = (hanging, lognormal)
 
 
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
     """Run each scenario with its own fake vendors and proxies."""
-    with _client_pinned(pinning):
+    with client_pinned(pinning):
         for scenario in SCENARIOS:
             for result in scenario(pinning):
                 emit(result)

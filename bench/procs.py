@@ -50,6 +50,21 @@ class Pinning:
         )
 
 
+@contextlib.contextmanager
+def client_pinned(pinning: Pinning) -> Iterator[None]:
+    """This process (the load client, in-process fake vendors) on the non-proxy CPU while a
+    group runs, so it never competes with the proxy for its CPU."""
+    if not pinning.enabled or pinning.other_cpu is None:
+        yield
+        return
+    before = os.sched_getaffinity(0)
+    os.sched_setaffinity(0, {pinning.other_cpu})
+    try:
+        yield
+    finally:
+        os.sched_setaffinity(0, before)
+
+
 def detect_pinning() -> Pinning:
     """Pin the proxy to the first CPU we may use and the rest to the second, if there are two."""
     cpus = sorted(os.sched_getaffinity(0))

@@ -37,7 +37,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -46,7 +45,7 @@ from typing import Any
 
 import aiohttp
 
-from bench.procs import Pinning, get_text, metric_sum, proxy
+from bench.procs import Pinning, client_pinned, get_text, metric_sum, proxy
 from bench.report import Figure, Scenario, at_least, at_most, percentile
 from testkit.fakevendor import FakeVendor, Fault, ThreadedFakeVendor
 from testkit.procs import StartError
@@ -228,20 +227,6 @@ def _side_by_side(pinning: Pinning) -> Iterator[list[Run]]:
         yield runs
 
 
-@contextlib.contextmanager
-def _client_pinned(pinning: Pinning) -> Iterator[None]:
-    """This process (agents and fake vendors) on the non-proxy CPU while the group runs."""
-    if not pinning.enabled or pinning.other_cpu is None:
-        yield
-        return
-    before = os.sched_getaffinity(0)
-    os.sched_setaffinity(0, {pinning.other_cpu})
-    try:
-        yield
-    finally:
-        os.sched_setaffinity(0, before)
-
-
 def _is_probe(body: bytes) -> bool:
     return PROBE_QUERY.encode() in body
 
@@ -379,7 +364,7 @@ SCENARIOS: tuple[Callable[[Pinning], Scenario], ...] = (flapping, hard_outage)
 
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
     """Each scenario with its own proxies and fake vendors; one failing does not stop the next."""
-    with _client_pinned(pinning):
+    with client_pinned(pinning):
         for scenario in SCENARIOS:
             try:
                 emit(scenario(pinning))

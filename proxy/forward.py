@@ -337,41 +337,34 @@ class Upstream:
                 resp.close()
             raise
         except aiohttp.ConnectionTimeoutError:
-            raise UpstreamUnreachable(
-                f"{self.route}: cannot connect to the upstream within "
-                f"{seconds_text(self.connect)} {self._attempt_text(flow)}; try again shortly "
-                "or use another provider",
-                route=self.route,
-                attempts=flow.attempts,
-                outcome=Outcome.CONNECT_ERROR,
-                reason=f"no connection within {seconds_text(self.connect)}",
+            raise self._no_connection(
+                flow,
+                f"cannot connect to the upstream within {seconds_text(self.connect)} "
+                f"{self._attempt_text(flow)}; try again shortly or use another provider",
+                f"no connection within {seconds_text(self.connect)}",
             ) from None
         except TimeoutError:
             if resp is not None:
                 resp.close()
             raise self._timeout(flow, budget) from None
         except aiohttp.ClientConnectorDNSError as exc:
-            raise UpstreamUnreachable(
-                f"{self.route}: the upstream host {self.host} does not resolve "
-                f"({exc.os_error.strerror or exc}); this is the proxy's DNS or its route "
-                f"config, not a passing fault: retrying will not help; check the route's "
-                "upstream and the proxy's DNS, or use another provider",
-                route=self.route,
-                attempts=flow.attempts,
-                outcome=Outcome.CONNECT_ERROR,
+            raise self._no_connection(
+                flow,
+                f"the upstream host {self.host} does not resolve ({exc.os_error.strerror or exc});"
+                " this is the proxy's DNS or its route config, not a passing fault: retrying"
+                " will not help; check the route's upstream and the proxy's DNS, or use another"
+                " provider",
+                f"host {self.host} does not resolve",
                 transient=False,
-                reason=f"host {self.host} does not resolve",
             ) from None
         except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
-            raise UpstreamUnreachable(
-                f"{self.route}: the TLS handshake with the upstream {self.host} failed "
-                f"({type(exc).__name__}); retrying will not help; check the route's upstream "
-                "scheme and port and the proxy's CA certificates, or use another provider",
-                route=self.route,
-                attempts=flow.attempts,
-                outcome=Outcome.CONNECT_ERROR,
+            raise self._no_connection(
+                flow,
+                f"the TLS handshake with the upstream {self.host} failed ({type(exc).__name__});"
+                " retrying will not help; check the route's upstream scheme and port and the"
+                " proxy's CA certificates, or use another provider",
+                f"TLS with {self.host} failed",
                 transient=False,
-                reason=f"TLS with {self.host} failed",
             ) from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(
@@ -508,6 +501,19 @@ class Upstream:
             route=self.route,
             attempts=flow.attempts,
             reason=f"answered over {self.max_bytes} bytes",
+        )
+
+    def _no_connection(
+        self, flow: Flow, what: str, reason: str, *, transient: bool = True
+    ) -> UpstreamUnreachable:
+        """No connection to the vendor was made: `what` says why and what to do."""
+        return UpstreamUnreachable(
+            f"{self.route}: {what}",
+            route=self.route,
+            attempts=flow.attempts,
+            outcome=Outcome.CONNECT_ERROR,
+            transient=transient,
+            reason=reason,
         )
 
     def _attempt_text(self, flow: Flow) -> str:
