@@ -17,7 +17,19 @@ import time
 import traceback
 from collections.abc import Callable
 
-from bench import burst, core, failover, hedge, hostile, recovery, resilience, retries, search
+from bench import (
+    burst,
+    core,
+    failover,
+    hedge,
+    hostile,
+    mcp,
+    mcproute,
+    recovery,
+    resilience,
+    retries,
+    search,
+)
 from bench.procs import Pinning, detect_pinning
 from bench.report import Scenario
 from testkit.procs import stop_all
@@ -33,6 +45,8 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "hostile": hostile.run,
     "hedge": hedge.run,
     "recovery": recovery.run,
+    "mcp": mcp.run,
+    "mcproute": mcproute.run,
 }
 
 

@@ -1,8 +1,9 @@
 """The aiohttp application: reserved endpoints, and the one handler every proxied request takes.
 
 Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz, /metrics,
-/v1/search, /openapi.json; /admin/... only says where the admin listener is (`build_admin_app`).
-Config refuses route prefixes that collide with them.
+/v1/search, /openapi.json, and the MCP server at mcp_server.path (/mcp); /admin/... only says
+where the admin listener is (`build_admin_app`). Config refuses route prefixes that collide with
+them.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 
 import aiohttp
+import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -41,6 +43,7 @@ from proxy.errors import (
 )
 from proxy.forward import request_headers
 from proxy.guard import cut_reason
+from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, Route, build_route
 from proxy.redact import redact_query
@@ -68,6 +71,7 @@ class ProxyState:
     search_api: SearchApi | None = None
     admin: Admin | None = None
     clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
+    mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
     session: aiohttp.ClientSession | None = None
     redis: RedisLink | None = None
     log_requests: bool = True
@@ -156,8 +160,55 @@ def _error_answer(
     return response
 
 
-async def _answer(request: web.Request, reply: Reply, flow: Flow) -> web.StreamResponse:
-    """Turn a reply into the agent's response, streaming it chunk by chunk when it is a stream."""
+@dataclass(slots=True)
+class _Sent:
+    """What of a streamed answer reached the agent: the response once its status line went
+    out, the body bytes written, the last few of them, and whether the whole body was written
+    (all but the final chunk's end)."""
+
+    response: web.StreamResponse | None = None
+    written: int = 0
+    ending: bytes = b""
+    complete: bool = False
+
+
+# The end of an event, where another may begin: a blank line (LF, CR or CRLF line ends).
+_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n", b"\r\r\n")
+AGENT_CHECK_S = 1.0  # how often a stream being relayed looks whether its agent is still there
+
+
+class _AgentWatch:
+    """While a stream is relayed, look every AGENT_CHECK_S whether the agent's connection is
+    gone, and if so cancel the handler (logged `cut: client_gone`): otherwise a stream silent
+    for up to timeouts.idle would hold its upstream connection for an agent that left, until
+    the next chunk failed to go out. (aiohttp's handler_cancellation does this, but is off.)"""
+
+    __slots__ = ("_handle", "_loop", "_request", "_task")
+
+    def __init__(self, request: web.Request) -> None:
+        self._request = request
+        self._task = asyncio.current_task()
+        self._loop = asyncio.get_running_loop()
+        self._handle = self._loop.call_later(AGENT_CHECK_S, self._check)
+
+    def _check(self) -> None:
+        transport = self._request.transport
+        if transport is None or transport.is_closing():
+            if self._task is not None:
+                self._task.cancel()
+        else:
+            self._handle = self._loop.call_later(AGENT_CHECK_S, self._check)
+
+    def stop(self) -> None:
+        self._handle.cancel()
+
+
+async def _answer(
+    request: web.Request, reply: Reply, flow: Flow, sent: _Sent
+) -> web.StreamResponse:
+    """Turn a reply into the agent's response, streaming it chunk by chunk when it is a stream;
+    `sent` follows what of a stream went out. A stream cut mid-way (StreamCut) gets its tail
+    (`_cut_tail`) and its connection closed before StreamCut goes on."""
     headers = reply.headers
     headers.update(flow.reply_headers)
     headers["X-Request-Id"] = flow.request_id
@@ -165,14 +216,62 @@ async def _answer(request: web.Request, reply: Reply, flow: Flow) -> web.StreamR
     if reply.stream is None:
         return web.Response(status=reply.status, headers=headers, body=reply.body)
     response = web.StreamResponse(status=reply.status, headers=headers)
+    watch = _AgentWatch(request)
     try:
         await response.prepare(request)
+        sent.response = response
         async for chunk in reply.stream:
             await response.write(chunk)
+            sent.written += len(chunk)
+            sent.ending = (sent.ending + chunk[-4:])[-4:]
+        sent.complete = True
+        watch.stop()
         await response.write_eof()
+    except StreamCut as stopped:
+        watch.stop()
+        await _end_cut(request, response, reply, stopped.error, sent)
+        raise
     finally:
+        watch.stop()
         reply.discard()
     return response
+
+
+def _cut_tail(reply: Reply, err: ProxyError, sent: _Sent) -> bytes:
+    """What a stream cut by `err` ends with before its connection closes: the reply's own
+    `cut_tail`, else for an event stream a final `error` event with the error's type and
+    message (already free of secrets), else nothing. An event stream cut inside an event gets
+    nothing: the agent drops an unfinished event, and a tail would merge into it."""
+    media = reply.headers.get("Content-Type", "").partition(";")[0].strip().lower()
+    sse = media == "text/event-stream"
+    if sse and sent.written and not sent.ending.endswith(_EVENT_ENDS):
+        return b""
+    if reply.cut_tail is not None:
+        try:
+            return reply.cut_tail(err)
+        except Exception:
+            log.exception("cut_tail_failed", route=err.route, error=err.type)
+            return b""
+    if sse:
+        data = orjson.dumps({"error": {"type": err.type, "message": err.message}})
+        return b"event: error\ndata: " + data + b"\n\n"
+    return b""
+
+
+async def _end_cut(
+    request: web.Request, response: web.StreamResponse, reply: Reply, err: ProxyError, sent: _Sent
+) -> None:
+    """End a stream the upstream side cut after its status line went out: write its tail,
+    then close the connection without the final chunk, so the agent sees the answer end short."""
+    tail = _cut_tail(reply, err, sent)
+    if tail and sent.response is not None:
+        try:
+            await response.write(tail)
+            sent.written += len(tail)
+        except ConnectionError:
+            pass  # the agent is gone too; the upstream's cut is what the log line reports
+    if request.transport is not None:
+        request.transport.close()
 
 
 async def proxy_request(request: web.Request) -> web.StreamResponse:
@@ -186,6 +285,8 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
     status = 500
     cut: str | None = None  # why the proxy cut the exchange short, if it did
     answering = False
+    sent = _Sent()
+    response: web.StreamResponse | None = None
     try:
         if request.method in REFUSED_METHODS:
             raise _refused_method(request.method)
@@ -223,25 +324,46 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
         reply = await route.handler(flow)
         status = reply.status
         answering = True
-        response = await _answer(request, reply, flow)
+        response = await _answer(request, reply, flow, sent)
     except ProxyError as err:
         status = err.status
         response = _error_answer(err, rid, route, flow)
     except StreamCut as stopped:
-        # The status line is sent: end the connection before the last chunk, so the agent
-        # sees a cut answer; the log line says why.
-        cut = stopped.error.type
-        if request.transport is not None:
-            request.transport.close()
-        response = web.StreamResponse(status=status)  # not sent: the connection is gone
+        if sent.response is None:  # cut before any answer began: an error answer still can
+            status = stopped.error.status
+            response = _error_answer(stopped.error, rid, route, flow)
+        else:
+            # Its status stands and `_answer` ended the connection; the log line says why.
+            # Handing aiohttp the sent response keeps it quiet: its final write finds the
+            # connection closed, which it takes as the agent gone.
+            cut = stopped.error.type
+            response = sent.response
     except ConnectionError:
         # The agent went away, or read nothing of a streamed answer for send_timeout.
-        status, cut = 499, cut_reason(request) or "client_gone"
-        raise
+        transport = request.transport
+        if sent.response is None and transport is not None and not transport.is_closing():
+            status = 500
+            raise  # not the agent's connection that failed: a bug, logged with its traceback
+        why = cut_reason(request)
+        if sent.response is None:
+            status, cut = 499, why or "client_gone"
+        elif why or not sent.complete:
+            cut = why or "client_gone"  # mid-stream: the status sent stands
+        # else the agent had the whole answer and left before its last chunk's end: not a cut.
+        if transport is not None:
+            transport.close()
+        # Returned, not raised: aiohttp would log a raised one as "Error handling request". Its
+        # own final write finds the connection closed and it stops there, quietly.
+        response = sent.response or web.StreamResponse(status=499)
     except asyncio.CancelledError:
-        cut = cut_reason(request) or "cancelled"
+        # With aiohttp's handler_cancellation on, an agent leaving cancels its handler.
+        transport = request.transport
+        gone = transport is None or transport.is_closing()
+        cut = cut_reason(request) or ("client_gone" if gone else "cancelled")
         task = asyncio.current_task()
         if cut != "shutdown" or answering or task is None:
+            if cut == "client_gone" and sent.response is None:
+                status = 499
             raise  # mid-stream, the status already sent stands; the log line says it was cut
         # Outlived shutdown_grace before any answer: tell the agent rather than drop it.
         task.uncancel()
@@ -257,9 +379,22 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             route.metrics.in_flight.dec()
             upstream_s = flow.upstream_seconds + flow.waited_seconds if flow else 0.0
             route.metrics.observe(status, elapsed, elapsed - upstream_s)
+        if cut is not None and sent.response is not None and route is not None:
+            state.metrics.stream_cut(route.name, cut)
         if state.log_requests:
-            _log_request(request, rid, route, flow, status, elapsed, cut)
+            written = sent.written if sent.response is not None else _body_bytes(request, response)
+            # The proxy's own error, also when it travels in a 200 (an MCP tool error).
+            error = response.headers.get("X-Proxy-Error") if response is not None else None
+            _log_request(request, rid, route, flow, status, elapsed, cut, written, error)
+    assert response is not None  # every branch that does not raise answers
     return response
+
+
+def _body_bytes(request: web.Request, response: web.StreamResponse | None) -> int:
+    """The body bytes a whole (not streamed) answer carries to the agent."""
+    if response is None or request.method == "HEAD" or not isinstance(response, web.Response):
+        return 0
+    return response.content_length or 0
 
 
 def _log_request(
@@ -270,9 +405,13 @@ def _log_request(
     status: int,
     elapsed: float,
     cut: str | None = None,
+    written: int = 0,
+    error: str | None = None,
 ) -> None:
     """The one access-log line of a request; credentials are redacted by the log processor.
-    `cut`: why the proxy cut it short (shutdown, send_timeout, client_gone), if it did."""
+    `cut`: why the proxy cut it short (shutdown, send_timeout, client_gone, or the error type
+    of an upstream stream's failure), if it did; `written`: the body bytes sent to the agent;
+    `error`: the type of the error the proxy answered, if it did."""
     log.info(
         "request",
         request_id=rid,
@@ -290,6 +429,9 @@ def _log_request(
         provider=flow.provider if flow else None,
         hedges=flow.hedges or None if flow else None,
         cut=cut,
+        bytes=written,
+        error=error,
+        rpc=flow.rpc if flow else None,
     )
 
 
@@ -379,6 +521,61 @@ def _log_search(
         queries=trace.queries,
         providers=trace.providers or None,
         attempts=trace.calls,
+    )
+
+
+async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
+    """The proxy's own MCP server at mcp_server.path (proxy/mcp_server.py): its access rule
+    first, then the body, bounded like every request's; one access-log line per request."""
+    state = request.app[STATE]
+    started = state.clock.now()
+    rid = _request_id(request)
+    trace = McpTrace()
+    status = 500
+    try:
+        mcp = state.mcp
+        assert mcp is not None  # built with the app
+        try:
+            caller = await mcp.admit(request)
+            body = await _read_body(request, state.config.server.max_body_bytes)
+            response = await mcp.handle(request, body, rid, caller, trace)
+        except ProxyError as err:
+            response = error_response(err, rid)
+        except ConnectionError:  # the agent left before its answer: nothing more to send
+            status = 499
+            if request.transport is not None:
+                request.transport.close()
+            # Returned, not raised (aiohttp would log "Error handling request"); its own final
+            # write finds the connection closed and stops there.
+            return web.StreamResponse(status=499)
+        status = response.status
+        return response
+    except asyncio.CancelledError:
+        status = 499
+        raise
+    finally:
+        if state.log_requests:
+            _log_mcp(request, rid, trace, status, state.clock.now() - started)
+
+
+def _log_mcp(request: web.Request, rid: str, trace: McpTrace, status: int, elapsed: float) -> None:
+    """The access-log line of an /mcp request: its JSON-RPC method and, for a tool call, the
+    tool, its error type if it failed, and what its search did (`attempts`: vendor calls)."""
+    search = trace.search
+    log.info(
+        "request",
+        request_id=rid,
+        route="mcp",
+        method=request.method,
+        path=request.path,
+        status=status,
+        duration_ms=round(elapsed * 1000, 2),
+        rpc=trace.rpc,
+        tool=trace.tool,
+        tool_error=trace.error,
+        queries=search.queries or None,
+        providers=search.providers or None,
+        attempts=search.calls,
     )
 
 
@@ -525,8 +722,10 @@ def build_app(
         metrics=metrics or Metrics(),
         # The access line is skipped outright, not built and filtered, below level info.
         log_requests=logging.getLevelNamesMapping()[config.log.level.upper()] <= logging.INFO,
+        mcp=McpEndpoint(config.mcp_server),
     )
     app.cleanup_ctx.append(_lifecycle)
+    app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
@@ -534,8 +733,31 @@ def build_app(
     app.router.add_get("/openapi.json", openapi_endpoint)
     app.router.add_route("*", "/admin", admin_elsewhere)
     app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
+    _mount_mcp(app, config)
     app.router.add_route("*", "/{tail:.*}", proxy_request)
     return app
+
+
+def _mount_mcp(app: web.Application, config: Config) -> None:
+    """The MCP server's path (and with a trailing slash, as some clients write it). When it is
+    off, the path says how to turn it on, unless a route's prefix serves it."""
+    path = config.mcp_server.path
+    if not config.mcp_server.enabled and any(
+        r.prefix == path or path.startswith(r.prefix + "/") for r in config.routes.values()
+    ):
+        return
+    app.router.add_route("*", path, mcp_endpoint)
+    app.router.add_route("*", path + "/", mcp_endpoint)
+
+
+async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:
+    """Run the MCP server (proxy/mcp_server.py) over the search API `_lifecycle` built."""
+    state = app[STATE]
+    assert state.mcp is not None and state.search_api is not None
+    async with state.mcp.running(
+        state.search_api, state.clients, state.config.server.max_body_bytes
+    ):
+        yield
 
 
 def build_admin_app(app: web.Application) -> web.Application:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
+import gc
 import signal
 import sys
 from collections.abc import Sequence
@@ -183,6 +184,9 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
             await admin_runner.cleanup()
         await runner.cleanup()
         raise
+    # Everything built so far lives as long as the process: out of the collector's sight, a
+    # full collection no longer walks it (the MCP server's pydantic models are many).
+    gc.freeze()
     bound = runner.addresses[0]
     admin_bound = admin_runner.addresses[0]
     log.info(

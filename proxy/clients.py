@@ -186,12 +186,17 @@ class ClientGate:
         """`identify`, then count the request against the caller's daily quota (QuotaExceeded
         past it, with the time until the day ends)."""
         caller = self.identify(profile, headers, query_string)
+        await self.spend(caller.name)
+        return caller
+
+    async def spend(self, name: str) -> None:
+        """Count one request of client `name` against its daily quota (QuotaExceeded past it).
+        The MCP server identifies a caller per HTTP request but spends per tool call."""
         try:
-            await self.quota.spend(caller.name)
+            await self.quota.spend(name)
         except QuotaExceeded:
             self.metrics.clients_refused.labels("quota").inc()
             raise
-        return caller
 
 
 def keyless_routes(routes: Mapping[str, Route]) -> list[str]:

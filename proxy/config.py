@@ -30,6 +30,7 @@ from policies.core.errors import seconds_text
 from policies.core.outcome import RETRY_CONDITIONS, Outcome
 from policies.failover import FallbackConfig
 from policies.hedge import HedgeBudgetConfig, HedgeConfig
+from policies.mcp import KNOWN_SERVERS, McpConfig
 from policies.profiles import (
     BUILTIN_PROFILES,
     QUERY_KINDS,
@@ -220,8 +221,10 @@ class LogConfig:
 @dataclass(frozen=True)
 class Timeouts:
     connect: float = 2.0
-    per_try: float = 10.0
-    total: float = 30.0
+    per_try: float = 10.0  # to the response headers (and the whole body of a buffered answer)
+    total: float = 30.0  # the attempt-and-retry phase
+    idle: float = 300.0  # the longest gap between two chunks of a streamed answer
+    stream: float = 3600.0  # the longest a streamed answer may run once it started
 
 
 @dataclass(frozen=True)
@@ -245,6 +248,7 @@ class RouteConfig:
     search: SearchConfig | None = None
     fallback: FallbackConfig | None = None
     hedge: HedgeConfig | None = None
+    mcp: McpConfig | None = None  # a remote MCP server: policies per tool call (policies/mcp.py)
     # The largest answer read from the vendor, counted after decompression.
     max_response_bytes: int = 8 * 1024 * 1024
 
@@ -272,6 +276,18 @@ class ClientConfig:
 
 
 @dataclass(frozen=True)
+class McpServerConfig:
+    """The proxy's own MCP server (`mcp_server:`, proxy/mcp_server.py): a `web_search` tool over
+    /v1/search's providers, served at `path` (streamable HTTP)."""
+
+    # Unset in the YAML: on when there is a search provider (parse_config resolves it).
+    enabled: bool = True
+    path: str = "/mcp"
+    # Without clients: tokens, only loopback peers are served unless this is true.
+    allow_remote: bool = False
+
+
+@dataclass(frozen=True)
 class Config:
     routes: Mapping[str, RouteConfig]
     server: ServerConfig = ServerConfig()
@@ -281,6 +297,7 @@ class Config:
     profiles: Mapping[str, VendorProfile] = field(default_factory=lambda: MappingProxyType({}))
     # Empty: callers are not identified (any credential passes through to the vendor).
     clients: Mapping[str, ClientConfig] = field(default_factory=lambda: MappingProxyType({}))
+    mcp_server: McpServerConfig = McpServerConfig()
 
 
 # ---------------------------------------------------------------------------------------------
@@ -303,6 +320,7 @@ _SIZE_UNITS = {
 _RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
+_TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,128}$")
 _HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
 _FIELD_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 §5.5: only tab is allowed
 # What a `${VAR}` may yield for a number or a boolean: ints, decimals, YAML 1.2 true/false.
@@ -585,10 +603,17 @@ def _timeouts(raw: Any, path: str) -> Timeouts:
             "connect": _positive_duration,
             "per_try": _positive_duration,
             "total": _positive_duration,
+            "idle": _positive_duration,
+            "stream": _positive_duration,
         },
     )
     if t.per_try > t.total:
         raise ConfigError(_join(path, "per_try"), "must not exceed timeouts.total")
+    if t.stream < t.idle:
+        raise ConfigError(
+            _join(path, "stream"),
+            f"must be at least timeouts.idle ({seconds_text(t.idle)}); raise stream or lower idle",
+        )
     return t
 
 
@@ -868,6 +893,66 @@ def _hedge(raw: Any, path: str) -> HedgeConfig:
     )
 
 
+def _tool_name(value: Any, path: str) -> str:
+    name = _str(value, path)
+    if not _TOOL_NAME.match(name):
+        raise ConfigError(path, f"expected an MCP tool name (letters, digits, _-./), got {name!r}")
+    return name
+
+
+def _mcp(raw: Any, path: str) -> McpConfig:
+    """A route's `mcp:` section; `server:` names a preset (KNOWN_SERVERS) the rest overrides."""
+    given = raw if isinstance(raw, dict) else {}
+    preset: Mapping[str, Any] = {}
+    if "server" in given:
+        server = _choice(given["server"], _join(path, "server"), tuple(KNOWN_SERVERS))
+        preset = KNOWN_SERVERS[server]
+
+    def tools(v: Any, p: str) -> frozenset[str]:
+        return frozenset(_tool_name(t, f"{p}[{i}]") for i, t in enumerate(_str_list(v, p)))
+
+    def search_tools(v: Any, p: str) -> Mapping[str, str]:
+        data = _mapping(v, p, tuple(v) if isinstance(v, dict) else ())
+        found = {}
+        for tool, argument in data.items():
+            where = _join(p, str(tool))
+            found[_tool_name(tool, where)] = _str(argument, where)
+        return MappingProxyType(found)
+
+    def codes(v: Any, p: str) -> frozenset[int]:
+        if not isinstance(v, list):
+            raise ConfigError(p, f"expected a list of JSON-RPC error codes like -32603, got {v!r}")
+        return frozenset(_int(c, f"{p}[{i}]", -(2**31), 2**31 - 1) for i, c in enumerate(v))
+
+    def phrases(v: Any, p: str) -> tuple[str, ...]:
+        return tuple(text.lower() for text in _str_list(v, p))
+
+    fields = _fields(
+        raw,
+        path,
+        {
+            "server": _str,
+            "idempotent_tools": tools,
+            "search_tools": search_tools,
+            "transient_errors": codes,
+            "transient_tool_errors": phrases,
+        },
+    )
+    idempotent = fields.get("idempotent_tools", frozenset(preset.get("idempotent_tools", ())))
+    # The preset's search tools that are still idempotent (a narrowed list drops the others).
+    searches = {k: v for k, v in preset.get("search_tools", {}).items() if k in idempotent}
+    defaults = {"idempotent_tools": idempotent, "search_tools": MappingProxyType(searches)}
+    cfg = McpConfig(**{**defaults, **fields})
+    for tool in cfg.search_tools:
+        if tool not in cfg.idempotent_tools:
+            raise ConfigError(
+                _join(path, f"search_tools.{tool}"),
+                "a search tool must also be in idempotent_tools: only those calls go through "
+                "the route's policies",
+            )
+    return cfg
+
+
 def _upstream(value: Any, path: str) -> str:
     url = _str(value, path)
     try:
@@ -924,6 +1009,7 @@ _ROUTE_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "search": _search,
     "fallback": _fallback,
     "hedge": _hedge,
+    "mcp": _mcp,
     "max_response_bytes": lambda v, p: _int(parse_size(v, p), p, 1),
 }
 
@@ -1000,6 +1086,58 @@ def _search_api(raw: Any, path: str) -> SearchApiConfig:
             f"({cfg.max_batch}): a full batch needs one vendor call per query",
         )
     return cfg
+
+
+def _mcp_path(value: Any, path: str) -> str:
+    """Where the MCP server is served: a path like a route prefix, off the proxy's own paths."""
+    given = _str(value, path)
+    if not given.startswith("/") or given == "/" or given.endswith("/") or "//" in given:
+        raise ConfigError(
+            path, f"expected a path like /mcp (starting with /, no trailing slash), got {given!r}"
+        )
+    if given == "/v1" or given.startswith("/v1/"):
+        raise ConfigError(
+            path, f"{given!r} is under /v1, which the proxy keeps for its own API; use e.g. /mcp"
+        )
+    return _prefix(given, path)  # a route prefix's characters, and off the reserved paths
+
+
+def _mcp_server(raw: Any, path: str) -> dict[str, Any]:
+    """`mcp_server:` as McpServerConfig's fields; an unset `enabled` is resolved by
+    parse_config (on when there is a search provider)."""
+    return _fields(raw, path, {"enabled": _bool, "path": _mcp_path, "allow_remote": _bool})
+
+
+def _mcp_server_config(
+    given: Mapping[str, Any], routes: Mapping[str, RouteConfig], providers: tuple[str, ...]
+) -> tuple[McpServerConfig, list[ConfigError]]:
+    """The MCP server's settings, and what is wrong with them next to the routes: `enabled`
+    with nothing to search, or a path a route prefix collides with."""
+    errors = []
+    cfg = McpServerConfig(**{"enabled": bool(providers), **given})
+    if cfg.enabled and not providers:
+        errors.append(
+            ConfigError(
+                "mcp_server.enabled",
+                "the MCP server's web_search tool needs a search provider: add a route with a "
+                "search section, or set enabled: false",
+            )
+        )
+    for name, route in routes.items() if cfg.enabled else ():
+        prefix = route.prefix
+        if (
+            prefix == cfg.path
+            or prefix.startswith(cfg.path + "/")
+            or cfg.path.startswith(prefix + "/")
+        ):
+            errors.append(
+                ConfigError(
+                    "mcp_server.path",
+                    f"{cfg.path!r} collides with routes.{name}.prefix ({prefix!r}): set "
+                    "mcp_server.path to another path, or mcp_server.enabled: false",
+                )
+            )
+    return cfg, errors
 
 
 # ---------------------------------------------------------------------------------------------
@@ -1267,6 +1405,14 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
             )
 
     for name, route in routes.items():
+        if route.mcp is not None:
+            for section in ("search", "fallback", "hedge"):
+                if getattr(route, section) is not None:
+                    collect.add(
+                        f"routes.{name}.{section}",
+                        f"not available on an MCP route: an mcp route applies its policies per "
+                        f"tool call (use mcp.search_tools for empty results); remove {section}",
+                    )
         hedge = route.hedge
         if hedge is not None and hedge.to == "fallback" and route.fallback is None:
             collect.add(f"routes.{name}.hedge.to", "fallback needs the route's fallback section")
@@ -1328,6 +1474,13 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
                     "never on a header the caller chooses: remove client_header",
                 )
 
+    mcp_server = McpServerConfig(enabled=False)
+    if "mcp_server" not in data or "mcp_server" in sections:  # a broken section has its errors
+        mcp_server, problems = _mcp_server_config(
+            sections.get("mcp_server", {}), routes, search_api.providers
+        )
+        collect.errors += problems
+
     # A value whose variable is unset is reported once, as unset, not also as malformed.
     found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
     if found:
@@ -1340,16 +1493,27 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         search_api=search_api,
         profiles=MappingProxyType(profiles),
         clients=sections.get("clients", MappingProxyType({})),
+        mcp_server=mcp_server,
     )
 
 
-_TOP_LEVEL_KEYS = ("server", "redis", "log", "routes", "search_api", "profiles", "clients")
+_TOP_LEVEL_KEYS = (
+    "server",
+    "redis",
+    "log",
+    "routes",
+    "search_api",
+    "profiles",
+    "clients",
+    "mcp_server",
+)
 _SECTION_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "server": _server,
     "redis": _optional(_redis),
     "log": _log,
     "search_api": _search_api,
     "clients": _clients,
+    "mcp_server": _mcp_server,
 }
 
 
@@ -1468,6 +1632,7 @@ def as_document(config: Config) -> dict[str, Any]:
         doc["redis"] = _plain(config.redis)
     doc["log"] = _plain(config.log)
     doc["search_api"] = _plain(config.search_api)
+    doc["mcp_server"] = _plain(config.mcp_server)
     doc["routes"] = {name: _route_document(route) for name, route in config.routes.items()}
     custom = {
         name: _profile_document(profile)

@@ -26,6 +26,13 @@ class Unauthorized(ClientFault):
     type = "unauthorized"
 
 
+class Forbidden(ClientFault):
+    """The caller may not use this endpoint from where it is (the MCP server's access rule)."""
+
+    status = 403
+    type = "forbidden"
+
+
 class ProvidersExhausted(VendorFailure):
     """Every provider of a /v1/search call failed."""
 

@@ -202,6 +202,15 @@ def pool_slots(session: aiohttp.ClientSession) -> PoolSlots | None:
     return slots
 
 
+def duration_text(seconds: float) -> str:
+    """A duration as config spells it when it is whole minutes or hours (5m, 1h), else as
+    `seconds_text` does (10s, 1.5s)."""
+    for unit, size in (("h", 3600), ("m", 60)):
+        if seconds >= size and float(seconds / size).is_integer():
+            return f"{int(seconds // size)}{unit}"
+    return seconds_text(seconds)
+
+
 def _one_line(text: str, limit: int = 100) -> str:
     """aiohttp's parser message as one short line (it spans lines and quotes the raw bytes)."""
     line = " ".join(text.split())
@@ -230,6 +239,8 @@ class Upstream:
         self.per_try = route.timeouts.per_try
         self.total = route.timeouts.total
         self.connect = route.timeouts.connect
+        self.idle = route.timeouts.idle
+        self.stream_limit = route.timeouts.stream
         self.max_bytes = route.max_response_bytes
         self.slots = pool_slots(session)
         # aiohttp's pool key: routes to one origin share its per-host limit.
@@ -306,7 +317,9 @@ class Upstream:
     async def _exchange(self, flow: Flow, budget: float, slot: _Slot | None) -> Reply:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect, sock_read=self.per_try)
+        # No sock_read: `budget` below bounds the headers and a buffered body, and a stream's
+        # gaps and age have limits of their own (timeouts.idle, timeouts.stream; `_relay`).
+        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect, sock_read=None)
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(budget):
@@ -426,39 +439,48 @@ class Upstream:
             resp.release()
             taken.release()
 
-        return Reply(resp.status, headers, stream=self._relay(flow, resp, taken), release=release)
+        relay = self._relay(flow, resp, taken, self.clock.now())
+        return Reply(resp.status, headers, stream=relay, release=release)
 
     async def _relay(
-        self, flow: Flow, resp: aiohttp.ClientResponse, slot: _Slot
+        self, flow: Flow, resp: aiohttp.ClientResponse, slot: _Slot, started: float
     ) -> AsyncIterator[bytes]:
-        """The upstream body as it arrives; past `max_bytes` the upstream is closed and the
-        stream ends with StreamCut, as it does when the upstream breaks off."""
+        """The upstream body as it arrives, from `started` (the clock's time at its headers).
+
+        It ends with StreamCut, the upstream closed, when the upstream breaks off, outgrows
+        `max_bytes`, sends nothing for `idle` seconds, or is still sending `stream_limit`
+        seconds after it started.
+        """
         sent = 0
         try:
-            async for chunk in resp.content.iter_any():
+            while True:
+                left = self.stream_limit - (self.clock.now() - started)
+                if left <= 0:
+                    raise StreamCut(self._stream_too_long(flow))
+                try:
+                    async with asyncio.timeout(min(self.idle, left)):
+                        chunk = await resp.content.readany()
+                except TimeoutError:
+                    if left <= self.idle:
+                        raise StreamCut(self._stream_too_long(flow)) from None
+                    raise StreamCut(self._stream_silent(flow)) from None
+                if not chunk:
+                    return
                 sent += len(chunk)
                 if sent > self.max_bytes:
                     raise StreamCut(self._too_large(flow))
                 yield chunk
-        except TimeoutError:  # sock_read: aiohttp's SocketTimeoutError is a ClientError too
-            raise StreamCut(
-                UpstreamTimeout(
-                    f"{self.route}: the upstream sent nothing for {seconds_text(self.per_try)} "
-                    "mid-stream",
-                    route=self.route,
-                    attempts=flow.attempts,
-                )
-            ) from None
         except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
             raise StreamCut(self._broken(flow, exc)) from None
         except aiohttp.ClientError as exc:
             raise StreamCut(
                 UpstreamUnreachable(
                     f"{self.route}: the upstream closed the connection mid-stream "
-                    f"({type(exc).__name__})",
+                    f"({type(exc).__name__}); the answer is incomplete: send the request again",
                     route=self.route,
                     attempts=flow.attempts,
                     outcome=Outcome.RESET,
+                    reason="closed mid-stream",
                 )
             ) from None
         finally:
@@ -490,6 +512,28 @@ class Upstream:
             f"{self._attempt_text(flow)}; try again shortly or use another provider",
             route=self.route,
             attempts=flow.attempts,
+        )
+
+    def _stream_silent(self, flow: Flow) -> UpstreamTimeout:
+        idle = duration_text(self.idle)
+        return UpstreamTimeout(
+            f"{self.route}: the upstream sent nothing for {idle} mid-stream (timeouts.idle); "
+            "the answer is incomplete: send the request again, or raise the route's "
+            "timeouts.idle if the upstream pauses longer between events",
+            route=self.route,
+            attempts=flow.attempts,
+            reason=f"silent for {idle} mid-stream",
+        )
+
+    def _stream_too_long(self, flow: Flow) -> DeadlineExceeded:
+        limit = duration_text(self.stream_limit)
+        return DeadlineExceeded(
+            f"{self.route}: the streamed answer was still running after {limit} "
+            "(timeouts.stream) and was cut; the answer is incomplete: ask for a shorter answer, "
+            "or raise the route's timeouts.stream",
+            route=self.route,
+            attempts=flow.attempts,
+            reason=f"stream ran past {limit}",
         )
 
     def _too_large(self, flow: Flow, declared: int | None = None) -> UpstreamTooLarge:

@@ -253,6 +253,16 @@ class Metrics:
             ["route", "result"],
             registry=r,
         )
+        self.stream_cuts = Counter(
+            "search_proxy_stream_cuts",
+            "Streamed answers cut after their status was sent, by reason: the upstream's failure "
+            "(upstream_timeout: silent past timeouts.idle; deadline_exceeded: past "
+            "timeouts.stream; upstream_too_large, upstream_unreachable, "
+            "upstream_invalid_response), or the agent's side (client_gone, send_timeout, "
+            "shutdown).",
+            ["route", "reason"],
+            registry=r,
+        )
         self.redis_up = Gauge(
             "search_proxy_redis_up",
             "1 while Redis answers, 0 while shared state runs in-process.",
@@ -318,6 +328,10 @@ class Metrics:
 
     def hedge(self, route: str, result: str) -> None:
         self.hedges.labels(route, result).inc()
+
+    def stream_cut(self, route: str, reason: str) -> None:
+        """A streamed answer was cut mid-way; `reason` is an error type or the agent's side."""
+        self.stream_cuts.labels(route, reason).inc()
 
     def redis_state(self, up: bool) -> None:
         self.redis_up.set(1 if up else 0)

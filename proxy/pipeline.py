@@ -30,10 +30,11 @@ from policies.core.outcome import Classifier, Outcome, status_outcome
 from policies.core.redislink import RedisLink
 from policies.failover import Exhausted, Failover
 from policies.hedge import Hedge
-from policies.profiles import VendorProfile, credential_slot, ratelimit_hint
+from policies.mcp import McpConfig, McpRoute, McpUpstream, mcp_classifier
+from policies.profiles import QueryLocation, VendorProfile, credential_slot, ratelimit_hint
 from policies.ratelimit import Hint, RateLimit, bucket_store, quota_hint
 from policies.retry import NO_RETRY, Retry
-from policies.search import SearchGuard, SearchRecovery, search_classifier
+from policies.search import SearchConfig, SearchGuard, SearchRecovery, search_classifier
 from policies.translate import Provider
 from proxy.config import Config, RouteConfig
 from proxy.forward import Upstream
@@ -196,6 +197,20 @@ def known_credentials(cfg: RouteConfig, profile: VendorProfile | None) -> KnownC
     return KnownCredentials(frozenset(headers), frozenset(params))
 
 
+def _mcp_search(route: str, cfg: McpConfig) -> tuple[SearchConfig | None, VendorProfile | None]:
+    """Search recovery for an MCP route's search tools: the query is a tool argument
+    (`params.arguments.<name>`) of the JSON-RPC tools/call; McpUpstream says when it is empty."""
+    if not cfg.search_tools:
+        return None, None
+    arguments = dict.fromkeys(cfg.search_tools.values())
+    profile = VendorProfile(
+        name=f"{route}-mcp",
+        query_locations=tuple(QueryLocation("json", f"params.arguments.{a}") for a in arguments),
+        results_paths=(("result",),),  # unused: the outcome comes from McpUpstream
+    )
+    return SearchConfig(vendor=profile.name), profile
+
+
 def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     """Compose one route's policies, in the documented order, around its upstream."""
     events: Events = deps.metrics
@@ -203,9 +218,12 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     search = cfg.search
     profile = deps.config.profiles[search.vendor] if search is not None else None
     classify = search_classifier(profile) if profile is not None else status_outcome
+    if cfg.mcp is not None:  # per tool call: McpUpstream classifies each final response
+        classify = mcp_classifier
+        search, profile = _mcp_search(cfg.name, cfg.mcp)
 
     policies: list[Policy] = []
-    if search is not None and profile is not None:
+    if search is not None and profile is not None and cfg.mcp is None:
         policies.append(SearchGuard(cfg.name, profile, search, classify, clock, events))
     failover = None
     if cfg.fallback is not None and profile is not None:
@@ -220,7 +238,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             build_store(cfg.cache, deps.redis, clock),
             clock,
             events,
-            storable=_storable(classify) if profile is not None else default_storable,
+            storable=_storable(classify) if profile is not None or cfg.mcp else default_storable,
             known=known_credentials(cfg, profile),
         )
         policies.append(cache)
@@ -268,9 +286,15 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
 
     metrics = deps.metrics.route(cfg.name)
     upstream = Upstream(cfg, deps.session, clock, observe=metrics.upstream_duration.observe)
+    handler: Handler = compose(policies, upstream)
+    if cfg.mcp is not None:
+        # Tool calls of idempotent tools go through the chain; everything else straight up.
+        chain = compose(policies, McpUpstream(cfg.name, cfg.mcp, upstream, clock))
+        handler = McpRoute(cfg.name, cfg.mcp, chain, upstream)
+        profile = None  # no vendor dialect: the answers are JSON-RPC
     return Route(
         config=cfg,
-        handler=compose(policies, upstream),
+        handler=handler,
         metrics=metrics,
         set_headers=tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v)),
         missing_key=next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None),

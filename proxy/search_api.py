@@ -311,13 +311,14 @@ class SearchApi:
             (r.config.search.max_query_chars for r in routes.values() if r.config.search),
             default=2000,
         )
-        document = openapi_document(
+        # The OpenAPI document of /v1/search; the MCP server's tool schemas come from it too.
+        self.document = openapi_document(
             max_batch=config.max_batch,
             max_results=MAX_RESULTS,
             max_domains=MAX_DOMAINS,
             max_providers=provider_cap(config, routes),
         )
-        self.openapi_json = orjson.dumps(document, option=orjson.OPT_INDENT_2)
+        self.openapi_json = orjson.dumps(self.document, option=orjson.OPT_INDENT_2)
 
     async def openapi(self, request: web.Request) -> web.Response:
         """GET /openapi.json: the OpenAPI 3.1 document of /v1/search (built at start-up)."""
@@ -329,18 +330,30 @@ class SearchApi:
         """Answer one request; `trace` records what it did. Its vendor calls, retries,
         simplified variants and failovers included, are at most max_calls_per_request.
         `client`: the caller's name when `clients:` is configured (its per-client limits)."""
-        calls = CallBudget(self.config.max_calls_per_request)
         try:
             try:
                 body = orjson.loads(await request.read())
             except orjson.JSONDecodeError:
                 raise _field_error("body", "is not valid JSON") from None
+            answer = await self.answer(body, rid, trace, client)
+            return web.json_response(answer, dumps=_dumps)
+        except ProxyError as err:
+            return error_response(err, rid)
+
+    async def answer(
+        self, body: Any, rid: str, trace: SearchTrace, client: str = ""
+    ) -> dict[str, Any]:
+        """The answer to a /v1/search body (already decoded JSON): one query's normalised
+        results, or `{"responses": [...]}` for a batch. Raises the ProxyError /v1/search
+        answers with (a bad field, every provider failed). The /v1/search handler and the MCP
+        server's web_search tool (proxy/mcp_server.py) both run searches through here."""
+        calls = CallBudget(self.config.max_calls_per_request)
+        try:
             call = parse_request(body, self.config, self.routes, self.max_chars)
             trace.queries = len(call.queries)
             run = _Run(call, rid, calls, trace, client)
             if not call.is_batch:
-                answer = await self.search(call.queries[0], run)
-                return web.json_response(answer, dumps=_dumps)
+                return await self.search(call.queries[0], run)
             answers = await asyncio.gather(
                 *(self.search(q, run) for q in call.queries),
                 return_exceptions=True,
@@ -353,9 +366,7 @@ class SearchApi:
                     raise a
                 else:
                     out.append(a)
-            return web.json_response({"responses": out}, dumps=_dumps)
-        except ProxyError as err:
-            return error_response(err, rid)
+            return {"responses": out}
         finally:
             trace.calls = calls.spent
 

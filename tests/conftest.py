@@ -37,6 +37,7 @@ TIER_OF_MODULE = {
     "test_client_gate": "unit",
     "test_config": "unit",
     "test_deploy": "deploy",
+    "test_fakemcp": "integration",
     "test_fakevendor": "integration",
     "test_hostile_config": "e2e",
     "test_upstream": "integration",
@@ -55,10 +56,14 @@ TIER_OF_MODULE = {
     "test_failover": "integration",
     "test_hedge": "unit",
     "test_hedge_e2e": "integration",
+    "test_mcp_server": "integration",
     "test_search_api": "integration",
     "test_search_e2e": "integration",
+    "test_streams": "integration",
     "test_search_options": "unit",
     "test_simplify": "unit",
+    "test_mcp_policy": "unit",
+    "test_mcp_route": "integration",
 }
 
 

@@ -95,7 +95,7 @@ class StaleCache:
             flow.method,
             flow.path,
             flow.query_string,
-            flow.body,
+            flow.body if flow.key_body is None else flow.key_body,
             flow.headers,
             self.cfg,
             flow.client,

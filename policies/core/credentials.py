@@ -45,8 +45,11 @@ CREDENTIAL_NAMES = frozenset(
     }
 )
 # Names the words match that are not secrets: an SDK's per-request Idempotency-Key must not
-# make every request its own cache entry.
-NOT_CREDENTIALS = frozenset({"idempotency-key", "x-idempotency-key", "idempotency_key"})
+# make every request its own cache entry, nor MCP's Mcp-Session-Id every session (the sessions
+# of one key share an idempotent tool's cached result; the Authorization beside it is the key).
+NOT_CREDENTIALS = frozenset(
+    {"idempotency-key", "x-idempotency-key", "idempotency_key", "mcp-session-id"}
+)
 
 
 def is_credential_name(name: str) -> bool:

@@ -28,6 +28,9 @@ class Reply:
     release: Callable[[], None] | None = None
     outcome: Outcome | None = None  # set once by the route's classifier, so the body is parsed once
     provider: str | None = None  # another route that answered for this one (failover)
+    # What to send the agent before the connection closes when this stream is cut mid-way
+    # (an SSE error event, an MCP JSON-RPC error); None: the server's default for the type.
+    cut_tail: Callable[[Exception], bytes] | None = None
 
     def discard(self) -> None:
         """Give back the upstream connection of a reply we will not send."""
@@ -80,6 +83,13 @@ class Flow:
     provider: str | None = None  # the fallback route that answered, when failover did
     reply_headers: dict[str, str] = field(default_factory=dict)  # added to the agent's answer
     calls: CallBudget | None = None  # the request's bound on vendor calls; None: no bound
+    # What the cache keys on instead of `body`, when the body carries per-call noise (an MCP
+    # tools/call's JSON-RPC id and progress token); None: the body itself.
+    key_body: bytes | None = None
+    # Where interim messages of a long answer go while it is still running (an MCP server's
+    # progress notifications), relayed to the agent at once; None: they are dropped.
+    interim: Callable[[bytes], Awaitable[None]] | None = None
+    rpc: str | None = None  # an MCP route's JSON-RPC method (and tool), for the log line
 
 
 Handler = Callable[[Flow], Awaitable[Reply]]

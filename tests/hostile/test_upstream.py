@@ -6,6 +6,7 @@ pool is reported as such; JSON nested past any sane depth is handled on both sid
 from __future__ import annotations
 
 import asyncio
+import json
 import zlib
 from collections import deque
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -451,4 +452,8 @@ async def test_a_stream_past_its_size_limit_is_cut_and_logged_not_a_500(
     with pytest.raises(aiohttp.ClientPayloadError):
         async for chunk in r.content.iter_any():
             got += chunk
-    assert len(got) <= 16 * 1024  # never more than the limit reaches the agent
+    # Never more than the limit of the vendor's bytes reaches the agent; the proxy's own final
+    # `error` event says why the stream ended.
+    relayed, _, tail = got.rpartition(b"event: error\ndata: ")
+    assert len(relayed) <= 16 * 1024
+    assert json.loads(tail)["error"]["type"] == "upstream_too_large"
