@@ -23,16 +23,20 @@ error for other requests: an MCP client raises on a non-2xx answer, losing the m
 from __future__ import annotations
 
 import asyncio
+import itertools
 import json
+import secrets
 from collections.abc import AsyncIterator, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
+import structlog
 from multidict import CIMultiDict
 
 from policies.core.clock import Clock
 from policies.core.errors import (
+    ClientFault,
     DeadlineExceeded,
     ProxyError,
     StreamCut,
@@ -43,6 +47,8 @@ from policies.core.errors import (
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
 
+log = structlog.get_logger("search_proxy.mcp")
+
 # JSON-RPC codes MCP servers use for failures that may pass: the MCP SDKs' "connection
 # closed" (-32000) and "request timed out" (-32001), and JSON-RPC's internal error.
 TRANSIENT_CODES = frozenset({-32000, -32001, -32603})
@@ -51,6 +57,18 @@ TRANSIENT_TOOL_ERRORS = ("temporarily unavailable", "timed out", "rate limit", "
 PROXY_ERROR_CODE = -32099
 # Interim messages buffered between the upstream and a slow agent before the relay waits.
 INTERIM_QUEUE = 64
+# The JSON-RPC ids of upstream attempts: unique in this process, unguessable across processes
+# (never derived from anything the agent sends, such as its X-Request-Id).
+_ATTEMPT_PREFIX = f"sp-{secrets.token_hex(6)}-"
+_ATTEMPT_NUMBERS = itertools.count(1)
+
+
+class Cancelled(ClientFault):
+    """The agent cancelled its request (`notifications/cancelled`)."""
+
+    status = 499
+    type = "cancelled"
+
 
 KNOWN_SERVERS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
     {
@@ -104,19 +122,24 @@ def is_response(message: Mapping[str, Any]) -> bool:
 
 
 class SseParser:
-    """Server-sent events from chunks as they arrive: each complete event's data."""
+    """Server-sent events from chunks as they arrive: each complete event's data. Linear in
+    the bytes fed: a chunk is normalised once and only the new part is searched."""
 
     def __init__(self) -> None:
-        self._buffer = b""
+        self._buffer = bytearray()
+        self._cr = False  # the last chunk ended in CR: an LF opening the next one pairs with it
 
     def feed(self, chunk: bytes) -> list[bytes]:
+        if self._cr and chunk.startswith(b"\n"):
+            chunk = chunk[1:]
+        self._cr = chunk.endswith(b"\r")
+        start = max(len(self._buffer) - 1, 0)  # a blank line may span the old and new bytes
         self._buffer += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
         events: list[bytes] = []
-        while True:
-            end = self._buffer.find(b"\n\n")
-            if end < 0:
-                return events
-            block, self._buffer = self._buffer[:end], self._buffer[end + 2 :]
+        begin = 0
+        while (end := self._buffer.find(b"\n\n", max(start, begin))) >= 0:
+            block = bytes(self._buffer[begin:end])
+            begin = end + 2
             data = [
                 line[5:].removeprefix(b" ")
                 for line in block.split(b"\n")
@@ -124,6 +147,8 @@ class SseParser:
             ]
             if data:
                 events.append(b"\n".join(data))
+        del self._buffer[:begin]
+        return events
 
 
 def tool_error(request_id: Any, err: ProxyError) -> dict[str, Any]:
@@ -231,7 +256,7 @@ class McpUpstream:
         if message is None:  # the edge only sends tool calls here
             raise UpstreamInvalidResponse(f"{self.route}: not a JSON-RPC message", route=self.route)
         tool = str((message.get("params") or {}).get("name", ""))
-        attempt_id = f"{flow.request_id}.{flow.attempts + 1}"
+        attempt_id = flow.rpc_attempt = f"{_ATTEMPT_PREFIX}{next(_ATTEMPT_NUMBERS)}"
         body, flow.body = flow.body, encode({**message, "id": attempt_id})
         try:
             reply = await self.upstream(flow)
@@ -307,39 +332,65 @@ class McpRoute:
         self.cfg = cfg
         self.chain = chain
         self.upstream = upstream
+        # Tool calls in flight by (session, caller, the agent's id): a cancel finds its call.
+        # One entry per running request, so it is bounded by the proxy's connections.
+        self._running: dict[tuple[str, str, bytes], tuple[asyncio.Task[Reply], Flow]] = {}
 
     async def __call__(self, flow: Flow) -> Reply:
         message = parse_message(flow.body) if flow.method == "POST" else None
-        if message is not None and isinstance(message.get("method"), str):
-            params = message.get("params")
-            name = params.get("name") if isinstance(params, dict) else None
-            rpc = f"{message['method']} {name}" if isinstance(name, str) else message["method"]
+        method = message.get("method") if message is not None else None
+        params = message.get("params") if message is not None else None
+        if not isinstance(params, dict):
+            params = {}
+        tool = params.get("name")
+        if isinstance(method, str):
+            rpc = f"{method} {tool}" if isinstance(tool, str) else method
             flow.rpc = rpc[:120]  # the agent's text: bounded on the log line
-        if message is None or "method" not in message or "id" not in message:
+        if message is None or method is None or "id" not in message:
             # Notifications, responses, batches, DELETE, and the GET stream: a silent GET
             # stream cut by timeouts.idle just ends (the client opens another), no error event.
+            if method == "notifications/cancelled":
+                self._cancel(flow, message or {}, params)
             reply = await self.upstream(flow)
             if reply.stream is not None and flow.method == "GET":
                 reply.cut_tail = _nothing
             return reply
         request_id = message["id"]
-        params = message.get("params")
-        tool = params.get("name") if isinstance(params, dict) else None
-        if message["method"] != "tools/call" or tool not in self.cfg.idempotent_tools:
+        if (
+            method != "tools/call"
+            or not isinstance(tool, str)
+            or tool not in self.cfg.idempotent_tools
+            # Anything besides the tool and its arguments (a task-augmented call, say) may
+            # make the answer this session's own: not for the cache.
+            or not params.keys() <= {"name", "arguments", "_meta"}
+        ):
             return await self._passthrough(flow, request_id)
-        assert isinstance(params, dict)
-        arguments = params.get("arguments") or {}
-        flow.key_body = encode({"tool": tool, "arguments": arguments})
+        flow.key_body = encode({"tool": tool, "arguments": params.get("arguments") or {}})
         return await self._tool_call(flow, request_id)
+
+    def _key(self, flow: Flow, request_id: Any) -> tuple[str, str, bytes]:
+        session = flow.headers.get("Mcp-Session-Id", "")
+        return session, flow.client, encode({"id": request_id})
+
+    def _cancel(self, flow: Flow, message: dict[str, Any], params: dict[str, Any]) -> None:
+        """The agent cancels a tool call: stop ours, and tell the server under the id it knows."""
+        running = self._running.get(self._key(flow, params.get("requestId")))
+        if running is None:
+            return
+        task, call_flow = running
+        task.cancel()
+        if call_flow.rpc_attempt is not None:
+            params = {**params, "requestId": call_flow.rpc_attempt}
+            flow.body = encode({**message, "params": params})
 
     async def _passthrough(self, flow: Flow, request_id: Any) -> Reply:
         """A request the policies leave alone; a failure is answered as a JSON-RPC error."""
         try:
             reply = await self.upstream(flow)
         except ProxyError as err:
-            return _answer(rpc_error(request_id, err), err)
+            return _answer(flow, rpc_error(request_id, err), err)
         if reply.stream is not None:
-            reply.cut_tail = lambda err: _cut_event(request_id, err, rpc_error)
+            reply.cut_tail = lambda err: _cut_event(flow, request_id, err, rpc_error)
         return reply
 
     async def _tool_call(self, flow: Flow, request_id: Any) -> Reply:
@@ -353,6 +404,9 @@ class McpRoute:
 
         flow.interim = interim
         call = asyncio.create_task(self._final(flow, request_id))
+        key = self._key(flow, request_id)
+        self._running[key] = (call, flow)
+        call.add_done_callback(lambda _: self._forget(key, call))
         waiter = asyncio.create_task(streaming.wait())
         try:
             await asyncio.wait((call, waiter), return_when=asyncio.FIRST_COMPLETED)
@@ -362,16 +416,16 @@ class McpRoute:
         finally:
             waiter.cancel()
         if not streaming.is_set():
-            return call.result()
+            return self._last_reply(flow, call, request_id, streaming=False)
 
         async def events() -> AsyncIterator[bytes]:
             while (event := await queue.get()) is not None:
                 yield event
-            yield self._last_event(call, request_id)
+            yield sse_event(self._last_reply(flow, call, request_id, streaming=True).body)
 
         async def finish() -> None:
             try:
-                await asyncio.shield(call)
+                await asyncio.wait((call,))  # however it ends: its outcome is read by events()
             finally:
                 await queue.put(None)
 
@@ -386,39 +440,48 @@ class McpRoute:
             CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}),
             stream=events(),
             release=release,
-            cut_tail=lambda err: _cut_event(request_id, err, tool_error),
+            cut_tail=lambda err: _cut_event(flow, request_id, err, tool_error),
         )
 
-    def _last_event(self, call: asyncio.Task[Reply], request_id: Any) -> bytes:
-        """The SSE event ending a streamed tool call: its response, or a tool error."""
-        failure = None if call.cancelled() else call.exception()
-        if failure is None and not call.cancelled():
+    def _forget(self, key: tuple[str, str, bytes], call: asyncio.Task[Reply]) -> None:
+        if self._running.get(key, (None,))[0] is call:
+            del self._running[key]
+
+    def _last_reply(
+        self, flow: Flow, call: asyncio.Task[Reply], request_id: Any, streaming: bool
+    ) -> Reply:
+        """The finished call's answer: its JSON-RPC response, or a tool error saying why not."""
+        if call.cancelled():
+            err: ProxyError = Cancelled(
+                f"{self.route}: the client cancelled this tool call", route=self.route
+            )
+        elif (failure := call.exception()) is not None:
+            log.error("mcp_tool_call_failed", route=self.route, exc_info=failure)
+            err = UpstreamInvalidResponse(
+                f"{self.route}: the tool call failed inside the proxy "
+                f"({type(failure).__name__}); try again shortly",
+                route=self.route,
+            )
+        else:
             reply = call.result()
-            if parse_message(reply.body) is not None and reply.status == 200:
-                return sse_event(reply.body)
+            # Once progress went out as a stream, only a JSON-RPC response can end it.
+            if reply.stream is None and (reply.status == 200 or not streaming):
+                return reply
             reply.discard()
-            failure = UpstreamInvalidResponse(
+            err = UpstreamInvalidResponse(
                 f"{self.route}: the MCP server answered HTTP {reply.status} to the tool call "
                 "after sending progress; try again shortly",
                 route=self.route,
                 upstream_status=reply.status,
             )
-        err = (
-            failure
-            if isinstance(failure, ProxyError)
-            else UpstreamInvalidResponse(
-                f"{self.route}: the tool call failed inside the proxy; try again shortly",
-                route=self.route,
-            )
-        )
-        return sse_event(encode(tool_error(request_id, err)))
+        return _answer(flow, tool_error(request_id, err), err)
 
     async def _final(self, flow: Flow, request_id: Any) -> Reply:
         """The tool call's answer, under the agent's id; the proxy's failures as tool errors."""
         try:
             reply = await self.chain(flow)
         except ProxyError as err:
-            return _answer(tool_error(request_id, err), err)
+            return _answer(flow, tool_error(request_id, err), err)
         if 400 <= reply.status < 500 and reply.status != 429:
             return reply  # the server's own answer (404: the session is gone; 400, 401 ...)
         message = parse_message(reply.body) if reply.stream is None else None
@@ -432,7 +495,7 @@ class McpRoute:
                 attempts=flow.attempts,
                 upstream_status=reply.status,
             )
-            return _answer(tool_error(request_id, invalid), invalid)
+            return _answer(flow, tool_error(request_id, invalid), invalid)
         # A JSON-RPC answer, even one the server sent with a 5xx, is the agent's to read.
         headers = CIMultiDict(_JSON)
         headers.update({k: v for k, v in reply.headers.items() if k.lower() != "content-type"})
@@ -449,7 +512,8 @@ class McpRoute:
         return Reply(200, headers, encode(message), outcome=reply.outcome)
 
 
-def _answer(message: Mapping[str, Any], err: ProxyError) -> Reply:
+def _answer(flow: Flow, message: Mapping[str, Any], err: ProxyError) -> Reply:
+    flow.error = err.type  # the log line's `error`, also once headers have gone
     headers = CIMultiDict(_JSON)
     headers["X-Proxy-Error"] = err.type
     return Reply(200, headers, encode(message), outcome=Outcome.CLIENT_ERROR)
@@ -459,7 +523,8 @@ def _nothing(err: Exception) -> bytes:
     return b""
 
 
-def _cut_event(request_id: Any, err: Exception, render: Any) -> bytes:
+def _cut_event(flow: Flow, request_id: Any, err: Exception, render: Any) -> bytes:
     if not isinstance(err, ProxyError):
         err = UpstreamUnreachable(str(err))
+    flow.error = err.type
     return sse_event(encode(render(request_id, err)))

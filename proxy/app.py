@@ -240,18 +240,22 @@ async def _answer(
 def _cut_tail(reply: Reply, err: ProxyError, sent: _Sent) -> bytes:
     """What a stream cut by `err` ends with before its connection closes: the reply's own
     `cut_tail`, else for an event stream a final `error` event with the error's type and
-    message (already free of secrets), else nothing. An event stream cut inside an event gets
-    nothing: the agent drops an unfinished event, and a tail would merge into it."""
+    message (already free of secrets), else nothing. Cut inside an event, the default gets
+    nothing (a tail would merge into the unfinished event); a reply's own tail is sent after a
+    blank line that ends the unfinished event."""
     media = reply.headers.get("Content-Type", "").partition(";")[0].strip().lower()
     sse = media == "text/event-stream"
-    if sse and sent.written and not sent.ending.endswith(_EVENT_ENDS):
-        return b""
+    inside_event = sse and sent.written and not sent.ending.endswith(_EVENT_ENDS)
     if reply.cut_tail is not None:
+        # The reply's own tail knows its client: an MCP client drops the unfinished event
+        # (a blank line ends it) and reads the error for its request, instead of hanging.
         try:
-            return reply.cut_tail(err)
+            return (b"\n\n" if inside_event else b"") + reply.cut_tail(err)
         except Exception:
             log.exception("cut_tail_failed", route=err.route, error=err.type)
             return b""
+    if inside_event:
+        return b""
     if sse:
         data = orjson.dumps({"error": {"type": err.type, "message": err.message}})
         return b"event: error\ndata: " + data + b"\n\n"
@@ -321,7 +325,14 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
         )
         if caller is not None:
             caller.scrub(flow)  # the client token never reaches the vendor
-        reply = await route.handler(flow)
+        # An MCP tool call may run for minutes before its answer begins: stop it, and its
+        # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
+        watch = _AgentWatch(request) if route.config.mcp is not None else None
+        try:
+            reply = await route.handler(flow)
+        finally:
+            if watch is not None:
+                watch.stop()
         status = reply.status
         answering = True
         response = await _answer(request, reply, flow, sent)
@@ -385,6 +396,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             written = sent.written if sent.response is not None else _body_bytes(request, response)
             # The proxy's own error, also when it travels in a 200 (an MCP tool error).
             error = response.headers.get("X-Proxy-Error") if response is not None else None
+            error = error or (flow.error if flow else None)
             _log_request(request, rid, route, flow, status, elapsed, cut, written, error)
     assert response is not None  # every branch that does not raise answers
     return response

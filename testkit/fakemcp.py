@@ -103,6 +103,7 @@ class FakeMcp:
     initializes: int = 0
     session_ids: set[str] = field(default_factory=set)  # issued (Mcp-Session-Id answered)
     deletes: int = 0  # DELETE requests
+    cancelled: list[Any] = field(default_factory=list)  # requestIds of notifications/cancelled
     gets: int = 0  # GET streams opened (answered 200)
     failures: int = 0
     url: str | None = None  # endpoint while served
@@ -123,6 +124,7 @@ class FakeMcp:
         """Forget the records; the seeded RNG restarts (knobs stay)."""
         self.calls.clear()
         self.progress.clear()
+        self.cancelled.clear()
         self.session_ids.clear()
         self.initializes = self.deletes = self.gets = self.failures = 0
         self._rng = random.Random(self.seed)
@@ -256,6 +258,8 @@ class _Recorder:
         rpc = rpc if isinstance(rpc, dict) else {}
         if rpc.get("method") == "initialize":
             fake.initializes += 1
+        if rpc.get("method") == "notifications/cancelled":
+            fake.cancelled.append((rpc.get("params") or {}).get("requestId"))
 
         call: Call | None = None
         if rpc.get("method") == "tools/call":

@@ -836,6 +836,25 @@ async def test_concurrent_requests_share_a_failure_too() -> None:
     assert vendor.calls == 1 and all(isinstance(r, CircuitOpen) for r in results)
 
 
+async def test_a_session_bound_4xx_is_not_shared_when_the_key_leaves_part_of_the_request_out() -> (
+    None
+):
+    """An MCP tool call keys on tool and arguments (`key_body`), not its session: a leader whose
+    session is gone (404) must not hand that 404 to a caller whose session is fine."""
+    clock = ManualClock()
+    cache = make_cache(clock)
+    gate = asyncio.Event()
+    vendor = Vendor(failing(404), ok(), gate=gate)
+    flows = [make_flow(clock, headers={"Mcp-Session-Id": s}) for s in ("gone", "alive")]
+    for f in flows:
+        f.key_body = b'{"tool":"search","arguments":{"query":"q"}}'
+    tasks = [asyncio.create_task(cache.handle(f, vendor)) for f in flows]
+    await eventually(lambda: vendor.calls == 1)
+    gate.set()
+    gone, alive = await asyncio.gather(*tasks)
+    assert gone.status == 404 and alive.status == 200 and vendor.calls == 2
+
+
 async def test_different_requests_are_not_coalesced() -> None:
     clock = ManualClock()
     cache = make_cache(clock)

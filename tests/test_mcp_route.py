@@ -4,6 +4,7 @@ that speaks like Tavily's remote MCP server (testkit/fakemcp.py), all real socke
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -11,6 +12,7 @@ from contextlib import asynccontextmanager
 from datetime import timedelta
 from typing import Any
 
+import aiohttp
 import httpx
 import pytest
 import structlog
@@ -22,6 +24,7 @@ from yarl import URL
 
 from policies.core.clock import ManualClock
 from testkit.fakemcp import FakeMcp, serve_fake_mcp
+from testkit.waiting import eventually
 from tests.conftest import route
 
 Start = Callable[..., Awaitable[Any]]
@@ -49,9 +52,13 @@ async def start(start_proxy: Start, fake: FakeMcp, clock: Any = None, **policies
 
 
 @asynccontextmanager
-async def connect(url: str, token: str | None = None) -> AsyncIterator[tuple[ClientSession, Any]]:
+async def connect(
+    url: str, token: str | None = None, headers: dict[str, str] | None = None
+) -> AsyncIterator[tuple[ClientSession, Any]]:
     """An initialized official MCP client session; a hang becomes a timeout error."""
-    headers = {"Authorization": f"Bearer {token}"} if token else None
+    headers = dict(headers or {})
+    if token:
+        headers["Authorization"] = f"Bearer {token}"
     async with (
         httpx.AsyncClient(headers=headers, timeout=httpx.Timeout(30, read=300)) as http,
         streamable_http_client(url, http_client=http) as (read, write, session_id),
@@ -89,8 +96,9 @@ async def test_initialize_list_and_parallel_tool_calls(start_proxy: Start, fake:
         assert found and all("topic-number" in r["url"] for r in found)
         assert json.loads(text_of(answer))["query"] == query
     assert sorted(c.arguments["query"] for c in fake.calls) == sorted(queries)
-    # Every attempt went upstream under an id of the proxy's, never the agent's small integer.
-    assert all(isinstance(c.request_id, str) and "." in c.request_id for c in fake.calls)
+    # Every attempt went upstream under an id of the proxy's own, each a different one.
+    ids = [c.request_id for c in fake.calls]
+    assert all(isinstance(i, str) and i.startswith("sp-") for i in ids) and len(set(ids)) == 10
 
 
 async def test_progress_arrives_live(start_proxy: Start, fake: FakeMcp) -> None:
@@ -342,3 +350,196 @@ async def test_shipped_tavily_mcp_route_as_the_readme_points_at_it(aiohttp_clien
     assert {c.authorization for c in server.calls} == {"Bearer tvly-proxy-key"}
     queries = [c.arguments["query"] for c in server.calls]
     assert len(queries) == 2 and len(queries[1].split()) <= 4  # simplified once, then cached
+
+
+async def test_parallel_calls_with_one_x_request_id_keep_their_own_answers(
+    start_proxy: Start, fake: FakeMcp
+) -> None:
+    """The agent's X-Request-Id names its requests in our logs, never the upstream's ids."""
+    fake.silent = 0.2  # all three in flight together
+    url = await start(start_proxy, fake, cache={"ttl": "60s"})
+    async with connect(url, headers={"X-Request-Id": "trace-abc123"}) as (session, _):
+        queries = ["alpha one", "bravo two", "charlie three"]
+        answers = await asyncio.gather(
+            *(session.call_tool("tavily_search", {"query": q}) for q in queries)
+        )
+        again = await session.call_tool("tavily_search", {"query": "charlie three"})
+    for query, answer in zip(queries, answers, strict=True):
+        assert json.loads(text_of(answer))["query"] == query
+    assert json.loads(text_of(again))["query"] == "charlie three"  # the right entry cached
+
+
+async def test_odd_tool_names_and_task_calls_pass_through(
+    start_proxy: Start, fake: FakeMcp
+) -> None:
+    url = await start(start_proxy, fake, cache={"ttl": "60s"})
+    async with connect(url) as (_, session_id):
+        headers = {
+            "Mcp-Session-Id": session_id(),
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        async with httpx.AsyncClient(timeout=10) as http:
+            odd = await http.post(
+                url,
+                headers=headers,
+                json={"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": ["x"]}},
+            )
+            tasked = [
+                await http.post(
+                    url,
+                    headers=headers,
+                    json={
+                        "jsonrpc": "2.0",
+                        "id": 8 + i,
+                        "method": "tools/call",
+                        "params": {
+                            "name": "tavily_search",
+                            "arguments": {"query": "q"},
+                            "task": {},
+                        },
+                    },
+                )
+                for i in range(2)
+            ]
+    assert odd.status_code < 500 and "X-Proxy-Error" not in odd.headers  # the server's answer
+    assert all(t.status_code == 200 for t in tasked)
+    # A call with more than name and arguments is never cached: both reached the server.
+    assert [c.tool for c in fake.calls].count("tavily_search") == 2
+
+
+async def test_a_streamed_tool_call_that_fails_is_logged_with_its_error(
+    start_proxy: Start, fake: FakeMcp
+) -> None:
+    fake.progress_gaps = [0.1]
+    fake.silent = 2.0
+    timeouts = {"connect": "1s", "per_try": "1s", "idle": "500ms", "total": "10s"}
+    url = await start(start_proxy, fake, timeouts=timeouts)
+    async with connect(url) as (session, _):
+        with structlog.testing.capture_logs() as logs:
+            answer = await session.call_tool(
+                "tavily_search", {"query": "q"}, progress_callback=_ignore
+            )
+    assert answer.isError
+    [line] = [e for e in logs if e.get("rpc") == "tools/call tavily_search"]
+    assert line["status"] == 200 and line["error"] == "upstream_timeout"
+
+
+async def test_a_cancelled_call_is_cancelled_upstream_too(
+    start_proxy: Start, fake: FakeMcp
+) -> None:
+    """notifications/cancelled names the agent's id; the server knows the call by ours."""
+    fake.silent = 5.0
+    url = await start(
+        start_proxy, fake, timeouts={"connect": "1s", "per_try": "2s", "total": "10s"}
+    )
+    async with connect(url) as (_, session_id):
+        headers = {
+            "Mcp-Session-Id": session_id(),
+            "Accept": "application/json, text/event-stream",
+            "MCP-Protocol-Version": "2025-06-18",
+        }
+        call = {
+            "jsonrpc": "2.0",
+            "id": 41,
+            "method": "tools/call",
+            "params": {"name": "tavily_search", "arguments": {"query": "slow"}},
+        }
+        cancel = {
+            "jsonrpc": "2.0",
+            "method": "notifications/cancelled",
+            "params": {"requestId": 41, "reason": "the user moved on"},
+        }
+        async with httpx.AsyncClient(timeout=10) as http:
+            pending = asyncio.create_task(http.post(url, headers=headers, json=call))
+            await eventually(lambda: len(fake.calls) == 1)
+            started = time.monotonic()
+            sent = await http.post(url, headers=headers, json=cancel)
+            answer = await pending
+    assert sent.status_code == 202
+    assert time.monotonic() - started < 2  # not the 5 s the tool would take
+    body = answer.text
+    assert "cancelled" in body and '"id":41' in body.replace(" ", "")
+    assert fake.cancelled == [fake.calls[0].request_id]  # the server got it under our id
+
+
+async def test_an_agent_leaving_before_the_answer_begins_stops_the_call(
+    aiohttp_client: Any,
+) -> None:
+    """Served as the process serves it (handler_cancellation off): a tool call whose agent
+    went away is not run to its end (up to timeouts.total) for nobody."""
+    from proxy.app import build_app
+    from proxy.config import parse_config
+    from tests.test_streams import ServedAs
+
+    server = FakeMcp(json_response=True, silent=4.0)  # the answer begins only at the end
+    async with serve_fake_mcp(server):
+        raw = mcp_route(server, timeouts={"connect": "1s", "per_try": "8s", "total": "10s"})
+        config = parse_config(raw, {})
+        proxy = await aiohttp_client(ServedAs(build_app(config), "guarded", config.server))
+        url = str(proxy.make_url("/tmcp/mcp"))
+        async with connect(url) as (_, session_id):
+            headers = {
+                "Mcp-Session-Id": session_id(),
+                "Accept": "application/json, text/event-stream",
+                "MCP-Protocol-Version": "2025-06-18",
+            }
+            call = {
+                "jsonrpc": "2.0",
+                "id": 5,
+                "method": "tools/call",
+                "params": {"name": "tavily_search", "arguments": {"query": "gone"}},
+            }
+            with structlog.testing.capture_logs() as logs:
+                async with httpx.AsyncClient(timeout=0.5) as http:
+                    with pytest.raises(httpx.ReadTimeout):
+                        await http.post(url, headers=headers, json=call)
+                await eventually(
+                    lambda: any(e.get("rpc") == "tools/call tavily_search" for e in logs)
+                )
+    [line] = [e for e in logs if e.get("rpc") == "tools/call tavily_search"]
+    assert line["status"] == 499 and line["cut"] == "client_gone"
+    assert line["duration_ms"] < 2500  # noticed within about a second, not after 4 s
+
+
+async def test_a_passthrough_stream_cut_inside_an_event_still_answers_the_request(
+    aiohttp_server: Any, start_proxy: Start
+) -> None:
+    """The upstream stops mid-event: the agent's client drops the unfinished event (a blank
+    line ends it) and gets the JSON-RPC error for its request, rather than waiting for ever."""
+    from aiohttp import web
+
+    from policies.mcp import SseParser
+
+    async def half_an_event(request: web.Request) -> web.StreamResponse:
+        response = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await response.prepare(request)
+        await response.write(b'event: message\ndata: {"jsonrpc":"2.0","method":"notifications/')
+        await asyncio.sleep(5)
+        return response
+
+    app = web.Application()
+    app.router.add_post("/mcp", half_an_event)
+    upstream = await aiohttp_server(app)
+    raw = {
+        "routes": {
+            "tmcp": route(
+                str(upstream.make_url("")).rstrip("/"),
+                "/tmcp",
+                timeouts={"connect": "1s", "per_try": "1s", "idle": "300ms", "total": "5s"},
+                mcp={"idempotent_tools": []},
+            )
+        }
+    }
+    proxy = await start_proxy(raw)
+    call = {"jsonrpc": "2.0", "id": 3, "method": "tools/call", "params": {"name": "anything"}}
+    async with proxy.post("/tmcp/mcp", json=call) as answer:
+        body = b""
+        with contextlib.suppress(aiohttp.ClientPayloadError):
+            async for chunk in answer.content.iter_any():
+                body += chunk
+    events = SseParser().feed(body)
+    last = json.loads(events[-1])
+    assert last["id"] == 3 and "timeouts.idle" in last["error"]["message"]
+    with pytest.raises(ValueError):
+        json.loads(events[0])  # the unfinished event, ended: a client drops it

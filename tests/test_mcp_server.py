@@ -310,7 +310,10 @@ async def test_a_client_that_leaves_mid_call_is_logged_499_and_nothing_breaks(
         else:  # pytest-aiohttp's server cancels the handler of a client that left
             base = str((await start_proxy(raw)).make_url("")).rstrip("/")
         with structlog.testing.capture_logs() as logs:
-            async with httpx.AsyncClient(trust_env=False, timeout=0.1) as http:
+            # Connecting may take its time on a loaded machine; the answer may not.
+            async with httpx.AsyncClient(
+                trust_env=False, timeout=httpx.Timeout(5, read=0.1)
+            ) as http:
                 with pytest.raises(httpx.ReadTimeout):
                     await http.post(f"{base}/mcp", json=call, headers=accept)
             [line] = await request_lines(logs)

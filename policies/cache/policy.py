@@ -171,6 +171,10 @@ class StaleCache:
         else:
             if reply.stream is not None:
                 outcome = _Outcome(cache="miss", streamed=True)
+            elif flow.key_body is not None and 400 <= reply.status < 500 and reply.status != 429:
+                # The key leaves part of the request out (an MCP call's session): an answer
+                # about this request itself (404: its session is gone) is not the others'.
+                pass
             else:
                 outcome = _Outcome(cache=flow.cache or "miss", reply=_copy(reply))
             return reply

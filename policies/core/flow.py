@@ -90,6 +90,9 @@ class Flow:
     # progress notifications), relayed to the agent at once; None: they are dropped.
     interim: Callable[[bytes], Awaitable[None]] | None = None
     rpc: str | None = None  # an MCP route's JSON-RPC method (and tool), for the log line
+    rpc_attempt: str | None = None  # the JSON-RPC id the current upstream attempt carries
+    # The type of an error the proxy answered inside a 200 (an MCP tool error), for the log.
+    error: str | None = None
 
 
 Handler = Callable[[Flow], Awaitable[Reply]]
