@@ -39,6 +39,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Scope
 
 from policies.core.errors import BadRequest, ProxyError
+from policies.profiles.options import OPTION_NAMES
 from proxy import __version__
 from proxy.clients import Caller, ClientGate, is_loopback_host
 from proxy.config import McpServerConfig
@@ -51,16 +52,7 @@ TOOL_NAME = "web_search"
 # The tool's arguments: /v1/search's fields an LLM can use well, with the same names and rules.
 # Not offered: `queries` (one search per call), `providers` and `credentials` (the operator's
 # business), `safe_search`, and the LiteLLM / Perplexity aliases.
-ARGUMENTS = (
-    "query",
-    "max_results",
-    "time_range",
-    "include_domains",
-    "exclude_domains",
-    "topic",
-    "country",
-    "language",
-)
+ARGUMENTS = ("query", *(name for name in OPTION_NAMES if name != "safe_search"))
 _ARGUMENT_HELP = {
     "query": "What to search for, in plain words, as you would type it into a search engine.",
     "max_results": "How many results to return (1-{max}; default {default}).",

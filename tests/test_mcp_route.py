@@ -68,6 +68,15 @@ async def connect(
         yield session, session_id
 
 
+def session_headers(session_id: str) -> dict[str, str]:
+    """What an MCP client sends with a request of its session, for raw requests in it."""
+    return {
+        "Mcp-Session-Id": session_id,
+        "Accept": "application/json, text/event-stream",
+        "MCP-Protocol-Version": "2025-06-18",
+    }
+
+
 def results_of(result: CallToolResult) -> list[dict[str, Any]]:
     assert not result.isError, result.content
     first = result.content[0]
@@ -374,11 +383,7 @@ async def test_odd_tool_names_and_task_calls_pass_through(
 ) -> None:
     url = await start(start_proxy, fake, cache={"ttl": "60s"})
     async with connect(url) as (_, session_id):
-        headers = {
-            "Mcp-Session-Id": session_id(),
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        }
+        headers = session_headers(session_id())
         async with httpx.AsyncClient(timeout=10) as http:
             odd = await http.post(
                 url,
@@ -434,11 +439,7 @@ async def test_a_cancelled_call_is_cancelled_upstream_too(
         start_proxy, fake, timeouts={"connect": "1s", "per_try": "2s", "total": "10s"}
     )
     async with connect(url) as (_, session_id):
-        headers = {
-            "Mcp-Session-Id": session_id(),
-            "Accept": "application/json, text/event-stream",
-            "MCP-Protocol-Version": "2025-06-18",
-        }
+        headers = session_headers(session_id())
         call = {
             "jsonrpc": "2.0",
             "id": 41,
@@ -479,11 +480,7 @@ async def test_an_agent_leaving_before_the_answer_begins_stops_the_call(
         proxy = await aiohttp_client(ServedAs(build_app(config), "guarded", config.server))
         url = str(proxy.make_url("/tmcp/mcp"))
         async with connect(url) as (_, session_id):
-            headers = {
-                "Mcp-Session-Id": session_id(),
-                "Accept": "application/json, text/event-stream",
-                "MCP-Protocol-Version": "2025-06-18",
-            }
+            headers = session_headers(session_id())
             call = {
                 "jsonrpc": "2.0",
                 "id": 5,
