@@ -53,6 +53,9 @@ $(RUN_STAMP): pyproject.toml | $(BIN)/python
 
 $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
+	@# The mcp SDK's 2.x line, on its own path: tests/test_mcp2_client.py runs an agent on it
+	@# (the project pins mcp<2).
+	$(BIN)/pip install -q --no-warn-conflicts --upgrade --target $(VENV)/mcp2 'mcp>=2,<3'
 	@rm -f $(VENV)/.test-* $(VENV)/.run-*
 	@touch $@ $(RUN_STAMP)
 

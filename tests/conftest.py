@@ -64,6 +64,7 @@ TIER_OF_MODULE = {
     "test_simplify": "unit",
     "test_mcp_policy": "unit",
     "test_mcp_route": "integration",
+    "test_mcp2_client": "e2e",
 }
 
 
