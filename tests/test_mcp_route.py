@@ -540,3 +540,25 @@ async def test_a_passthrough_stream_cut_inside_an_event_still_answers_the_reques
     assert last["id"] == 3 and "timeouts.idle" in last["error"]["message"]
     with pytest.raises(ValueError):
         json.loads(events[0])  # the unfinished event, ended: a client drops it
+
+
+async def test_stale_answers_when_the_server_is_gone(start_proxy: Start, fake: FakeMcp) -> None:
+    """The server stops (connections refused) after the cache was warmed: the agent's session
+    goes on, and its repeated tool calls are answered stale."""
+    clock = ManualClock()
+    url = await start(
+        start_proxy,
+        fake,
+        clock=clock,
+        cache={"ttl": "1m", "stale_ttl": "1h"},
+        retry={"attempts": 2},
+    )
+    async with connect(url) as (session, _):
+        warm = await session.call_tool("tavily_search", {"query": "remember this"})
+        await fake.stop()
+        clock.advance(120)
+        again = [await session.call_tool("tavily_search", {"query": "remember this"}) for _ in "ab"]
+        unknown = await session.call_tool("tavily_search", {"query": "never asked"})
+    assert all(text_of(a) == text_of(warm) for a in again)
+    assert all((a.meta or {}).get("search-proxy/cache") == "stale" for a in again)
+    assert unknown.isError and "cannot connect" in text_of(unknown)
