@@ -584,7 +584,7 @@ def _log_mcp(request: web.Request, rid: str, trace: McpTrace, status: int, elaps
         duration_ms=round(elapsed * 1000, 2),
         rpc=trace.rpc,
         tool=trace.tool,
-        tool_error=trace.error,
+        error=trace.error,
         queries=search.queries or None,
         providers=search.providers or None,
         attempts=search.calls,

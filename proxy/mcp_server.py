@@ -44,6 +44,7 @@ from proxy import __version__
 from proxy.clients import Caller, ClientGate, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, InternalError, MethodNotAllowed, NotFound
+from proxy.forward import HOP_BY_HOP
 from proxy.search_api import SearchApi, SearchTrace
 
 log = structlog.get_logger("search_proxy")
@@ -77,7 +78,6 @@ INSTRUCTIONS = (
     "a query; cite results by their URL."
 )
 SCOPE_KEY = "search_proxy.mcp"  # the ASGI scope entry carrying a request's _ToolContext
-_HOP_BY_HOP = frozenset({b"connection", b"keep-alive", b"transfer-encoding"})
 DISCONNECT_POLL_S = 1.0
 
 
@@ -377,7 +377,7 @@ async def serve_asgi(
         if message["type"] == "http.response.start":
             response = web.StreamResponse(status=message["status"])
             for name, value in message.get("headers", ()):
-                if name.lower() not in _HOP_BY_HOP:
+                if name.decode("latin-1").lower() not in HOP_BY_HOP:
                     response.headers.add(name.decode("latin-1"), value.decode("latin-1"))
             response.headers.update(headers)
             return

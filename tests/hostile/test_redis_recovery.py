@@ -73,6 +73,13 @@ async def raw(killable_redis: RedisServer) -> AsyncIterator[Redis]:
     await client.aclose()
 
 
+async def past_the_deadline_it_sent(link: RedisLink) -> None:
+    """Stay frozen until Redis's own clock (which no test can inject) is past the deadline the
+    link put on its command: gives_up_after plus a small margin after sending, most of which
+    gives_up_in_time already waited."""
+    await asyncio.sleep(link.gives_up_after)
+
+
 async def gives_up_in_time(call: Awaitable[Any], link: RedisLink) -> Any:
     """`call` returns (its fallback) once the link gives up, not when Redis wakes."""
     started = time.monotonic()
@@ -110,7 +117,7 @@ async def test_a_fetch_lock_sent_to_a_stalled_redis_takes_nothing_when_it_wakes(
     async with stalled(killable_redis):
         state = await gives_up_in_time(store.lock("r:k", "mine", ttl=2.0), link)
         assert state is LockState.ABSENT  # fetch without a lock meanwhile
-        await asyncio.sleep(1.0)
+        await past_the_deadline_it_sent(link)
     assert not await raw.exists(store.lock_key("r:k"))
     # Redis is back: the next request takes the lock as usual.
     await asyncio.sleep(0.06)  # the link's retry_interval
@@ -125,7 +132,7 @@ async def test_a_token_asked_of_a_stalled_redis_is_not_reserved_when_it_wakes(
     async with stalled(killable_redis):
         for _ in range(3):  # the in-process bucket answers meanwhile
             await gives_up_in_time(buckets.acquire("r", max_wait=30.0), link)
-        await asyncio.sleep(1.0)
+        await past_the_deadline_it_sent(link)
     assert await raw.keys("rec:ratelimit:{r}*") == []
     await asyncio.sleep(0.06)
     # A late reservation would have booked the next seconds: the shared bucket is still full.
@@ -140,7 +147,7 @@ async def test_a_probe_slot_asked_of_a_stalled_redis_is_not_taken_when_it_wakes(
     async with stalled(killable_redis):
         grant = await gives_up_in_time(shared.acquire_probe(), link)
         assert grant.admitted and grant.key is None  # the local gate decides meanwhile
-        await asyncio.sleep(1.0)
+        await past_the_deadline_it_sent(link)
     assert not await raw.exists(*shared.slots)
 
 
