@@ -1,10 +1,18 @@
-"""Core overhead (issue 2): the same wrk load straight to a local upstream and through the proxy
-with a policy-free route, in one run, so the two figures and their ratio are comparable.
+"""The hot path: the same wrk load straight to a local upstream, through the least a Python
+forwarder does (`bench.forwarder`), and through the proxy on each path a request takes, in one
+run, so every figure is comparable with the others and their ratios hold when the machine drifts.
 
-- throughput: 1 KB JSON POSTs, `wrk -t1 -c32`, target >= 3,000 req/s with the proxy on one core;
-- latency: one connection (`wrk -t1 -c1`), target: p50 added by the proxy <= 0.5 ms.
+Paths: a route with no policies; a route with every policy (search guard and recovery, cache,
+failover, breaker, retry, hedge, rate limit, an injected key) on a cache miss (each request a
+new query) and on a cache hit (the same query again).
 
-Runs alternate direct/proxy and repeat; medians are reported with their spread. The proxy
+- throughput: 1 KB JSON POSTs, `wrk -t1 -c32`, the proxy alone on one core: no policies and
+  every policy on a miss >= 0.85 x the bare forwarder, a cache hit >= 2.0 x;
+- latency: one connection (`wrk -t1 -c1`): p50 added over the bare forwarder <= 0.1 ms on the
+  miss path;
+- memory: RSS idle with the shipped config.yaml <= 60 MB, after the load <= 80 MB.
+
+Runs alternate between paths and repeat; medians are reported with their spread. The proxy
 runs at log level warning (no request log lines); one extra run at level info shows what the
 per-request JSON log line costs.
 """
@@ -13,6 +21,7 @@ from __future__ import annotations
 
 import json
 import resource
+import secrets
 import subprocess
 import tempfile
 import time
@@ -21,17 +30,30 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench.procs import Pinning, bench_upstream, proxy
+from bench.procs import (
+    Pinning,
+    bare_forwarder,
+    bench_upstream,
+    proxy,
+    proxy_from_file,
+    rss_mb,
+)
 from bench.report import Figure, Scenario, at_least, at_most, median, spread
-from testkit.procs import Child
+from testkit.procs import ROOT, Child
 
-THROUGHPUT_TARGET = 3000.0  # req/s through the proxy, on one core
-ADDED_P50_TARGET_MS = 0.5  # p50 latency the proxy adds at one concurrent client
+PLAIN_RATIO_TARGET = 0.85  # no policies, req/s over the bare forwarder's
+MISS_RATIO_TARGET = 0.85  # every policy, cache miss
+HIT_RATIO_TARGET = 2.0  # every policy, cache hit
+ADDED_P50_TARGET_MS = 0.1  # p50 the miss path adds over the bare forwarder, one client
+RSS_IDLE_TARGET_MB = 60.0  # the shipped config, just started
+RSS_LOADED_TARGET_MB = 80.0  # the every-policy proxy after the whole load
 CONNECTIONS = 32
 RUN_SECONDS = 4
 WARMUP_SECONDS = 1
 REPEATS = 3
 ROUTE = "bench"
+FULL = "full"  # the route with every policy
+PATHS = ("direct", "bare", "plain", "miss", "hit")
 
 # A 1 KB JSON search request, as an agent sends it.
 _REQUEST = {
@@ -46,12 +68,42 @@ _REQUEST["padding"] = "x" * (1024 - len(json.dumps(_REQUEST)) - len(', "padding"
 REQUEST_BODY = json.dumps(_REQUEST)
 assert len(REQUEST_BODY) == 1024, len(REQUEST_BODY)
 
+
+def full_routes(upstream: str) -> dict[str, object]:
+    """A route with every policy, and the search route it fails over to."""
+    return {
+        FULL: {
+            "prefix": f"/{FULL}",
+            "upstream": upstream,
+            "headers": {"set": {"Authorization": "Bearer bench-key"}},
+            "retry": {"attempts": 3},
+            # Never refuses at these rates: the limiter's work is measured, not its waiting.
+            "rate_limit": {"rate": "1000000/s", "burst": 1000000},
+            "breaker": {"fail_max": 5, "reset_timeout": "30s"},
+            "cache": {"ttl": "10m", "stale_ttl": "1h"},
+            "search": {"vendor": "tavily"},
+            "hedge": {"after": "auto"},
+            "fallback": {"providers": ["other"]},
+        },
+        "other": {"prefix": "/other", "upstream": upstream, "search": {"vendor": "tavily"}},
+    }
+
+
 _WRK_SCRIPT = """
 wrk.method = "POST"
 wrk.headers["Content-Type"] = "application/json"
 local f = assert(io.open("%(body_path)s", "rb"))
 wrk.body = f:read("*a")
 f:close()
+local unique = %(unique)s
+local counter = 0
+if unique then
+  request = function()
+    counter = counter + 1
+    local body = string.gsub(wrk.body, "latest results", "%(run)s " .. counter, 1)
+    return wrk.format(nil, nil, nil, body)
+  end
+end
 
 done = function(summary, latency, requests)
   local e = summary.errors
@@ -75,11 +127,15 @@ class WrkRun:
     cpu: dict[str, float]  # share of one core used during the run, by process
 
 
-def _write_script(tmp: Path) -> Path:
+def _write_script(tmp: Path, *, unique: bool = False) -> Path:
+    """The wrk script: the same 1 KB body every time, or (`unique`) a new query in each request,
+    prefixed by a random run id so that no run meets another's cache entries."""
     body_path = tmp / "body.json"
     body_path.write_text(REQUEST_BODY)
-    script = tmp / "post.lua"
-    script.write_text(_WRK_SCRIPT % {"body_path": body_path})
+    run = secrets.token_hex(4)
+    script = tmp / f"post-{run}.lua"
+    values = {"body_path": body_path, "unique": "true" if unique else "false", "run": run}
+    script.write_text(_WRK_SCRIPT % values)
     return script
 
 
@@ -150,111 +206,163 @@ def _errors_note(label: str, runs: list[WrkRun]) -> list[str]:
     return [f"WARNING {label}: {errors} of {total} requests failed (socket errors or non-2xx)"]
 
 
+def _shipped_idle_rss(pinning: Pinning) -> float:
+    """RSS of a proxy on the repository's config.yaml, just started (no vendor keys set)."""
+    with proxy_from_file(pinning, str(ROOT / "config.yaml")) as (_, child):
+        time.sleep(1.0)  # let start-up's garbage settle
+        return rss_mb(child)
+
+
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
-    """Measure direct and through the proxy, then emit the latency, throughput, logging lines."""
+    """Measure every path in one sitting, then emit the throughput, latency, memory and logging
+    lines."""
+    thr: dict[str, list[WrkRun]] = {p: [] for p in (*PATHS, "plain-info")}
+    lat: dict[str, list[WrkRun]] = {p: [] for p in (*PATHS, "plain-info")}
+    rss: dict[str, float] = {"shipped idle": _shipped_idle_rss(pinning)}
     with tempfile.TemporaryDirectory(prefix="bench-core-") as tmpdir:
-        script = _write_script(Path(tmpdir))
-        with bench_upstream(pinning) as (up_url, up_child):
-            routes = {ROUTE: {"prefix": f"/{ROUTE}", "upstream": up_url}}
-            direct_url = f"{up_url}/search"
-            thr: dict[str, list[WrkRun]] = {"direct": [], "proxy": [], "proxy-info": []}
-            lat: dict[str, list[WrkRun]] = {"direct": [], "proxy": [], "proxy-info": []}
+        tmp = Path(tmpdir)
+        same = _write_script(tmp)
+        with (
+            bench_upstream(pinning) as (up_url, up_child),
+            bare_forwarder(pinning, up_url) as (fw_url, fw_child),
+            proxy(pinning, {ROUTE: {"prefix": f"/{ROUTE}", "upstream": up_url}}) as (
+                px_url,
+                px_child,
+            ),
+            proxy(pinning, full_routes(up_url)) as (full_url, full_child),
+        ):
+            rss["every policy idle"] = rss_mb(full_child)
+            urls = {
+                "direct": f"{up_url}/search",
+                "bare": f"{fw_url}/search",
+                "plain": f"{px_url}/{ROUTE}/search",
+                "miss": f"{full_url}/{FULL}/search",
+                "hit": f"{full_url}/{FULL}/search",
+            }
+            watch = {
+                "direct": {"upstream": up_child},
+                "bare": {"proxy": fw_child, "upstream": up_child},
+                "plain": {"proxy": px_child, "upstream": up_child},
+                "miss": {"proxy": full_child, "upstream": up_child},
+                "hit": {"proxy": full_child, "upstream": up_child},
+            }
 
-            with proxy(pinning, routes) as (px_url, px_child):
-                proxy_url = f"{px_url}/{ROUTE}/search"
-                urls = {"direct": direct_url, "proxy": proxy_url}
-                watch = {
-                    "direct": {"upstream": up_child},
-                    "proxy": {"proxy": px_child, "upstream": up_child},
-                }
-                for label, url in urls.items():
-                    _check_answers(url)
-                    _wrk(pinning, script, url, CONNECTIONS, WARMUP_SECONDS, watch[label])
-                for _ in range(REPEATS):  # alternate, so drift hits both alike
-                    for label, url in urls.items():
-                        run_ = _wrk(pinning, script, url, CONNECTIONS, RUN_SECONDS, watch[label])
-                        thr[label].append(run_)
-                for _ in range(REPEATS):
-                    for label, url in urls.items():
-                        lat[label].append(_wrk(pinning, script, url, 1, RUN_SECONDS, watch[label]))
+            def script(path: str) -> Path:
+                return _write_script(tmp, unique=True) if path == "miss" else same
 
-            # The same proxy with log.level info: one JSON line per request, to a file.
-            with proxy(pinning, routes, log_level="info") as (px_url, px_child):
-                url = f"{px_url}/{ROUTE}/search"
-                w = {"proxy": px_child, "upstream": up_child}
+            for path, url in urls.items():
+                _check_answers(url)  # also stores the entry the hit path then answers from
+                _wrk(pinning, script(path), url, CONNECTIONS, WARMUP_SECONDS, watch[path])
+            for _ in range(REPEATS):  # alternate, so drift hits every path alike
+                for path, url in urls.items():
+                    thr[path].append(
+                        _wrk(pinning, script(path), url, CONNECTIONS, RUN_SECONDS, watch[path])
+                    )
+            for _ in range(REPEATS):
+                for path, url in urls.items():
+                    lat[path].append(_wrk(pinning, script(path), url, 1, RUN_SECONDS, watch[path]))
+            rss["every policy after load"] = rss_mb(full_child)
+
+            # The no-policy proxy with log.level info: one JSON line per request, to a file.
+            with proxy(
+                pinning, {ROUTE: {"prefix": f"/{ROUTE}", "upstream": up_url}}, log_level="info"
+            ) as (info_url, info_child):
+                url = f"{info_url}/{ROUTE}/search"
+                w = {"proxy": info_child, "upstream": up_child}
                 _check_answers(url)
-                _wrk(pinning, script, url, CONNECTIONS, WARMUP_SECONDS, w)
-                thr["proxy-info"].append(_wrk(pinning, script, url, CONNECTIONS, RUN_SECONDS, w))
-                lat["proxy-info"].append(_wrk(pinning, script, url, 1, RUN_SECONDS, w))
+                _wrk(pinning, same, url, CONNECTIONS, WARMUP_SECONDS, w)
+                thr["plain-info"].append(_wrk(pinning, same, url, CONNECTIONS, RUN_SECONDS, w))
+                lat["plain-info"].append(_wrk(pinning, same, url, 1, RUN_SECONDS, w))
 
     cpus = (pinning.proxy_cpu, pinning.other_cpu)
 
-    # Latency at one concurrent client.
-    d50 = median([r.p50_ms for r in lat["direct"]])
-    d99 = median([r.p99_ms for r in lat["direct"]])
-    p50 = median([r.p50_ms for r in lat["proxy"]])
-    p99 = median([r.p99_ms for r in lat["proxy"]])
-    s = Scenario("core/latency-c1")
-    s.figures = [
-        Figure("direct p50/p99", f"{d50:.3f}/{d99:.3f} ms"),
-        Figure("proxy p50/p99", f"{p50:.3f}/{p99:.3f} ms"),
-        at_most("added p50", p50 - d50, ADDED_P50_TARGET_MS, "{:.3f} ms"),
-        Figure("proxy/direct p50", f"{p50 / d50:.2f}x"),
-    ]
-    s.details = [
-        f"wrk -t1 -c1 -d{RUN_SECONDS}s, {REPEATS} runs each, alternating; medians of runs",
-        "direct p50 ms: " + spread([r.p50_ms for r in lat["direct"]], "{:.3f}"),
-        "proxy  p50 ms: " + spread([r.p50_ms for r in lat["proxy"]], "{:.3f}"),
-        "proxy  p99 ms: " + spread([r.p99_ms for r in lat["proxy"]], "{:.3f}"),
-        *_errors_note("direct", lat["direct"]),
-        *_errors_note("proxy", lat["proxy"]),
-    ]
-    emit(s)
+    def rps(path: str) -> float:
+        return median([r.rps for r in thr[path]])
 
-    # Throughput of 1 KB JSON POSTs.
-    d_rps = median([r.rps for r in thr["direct"]])
-    p_rps = median([r.rps for r in thr["proxy"]])
+    def p50(path: str, runs: dict[str, list[WrkRun]]) -> float:
+        return median([r.p50_ms for r in runs[path]])
+
+    def p99(path: str, runs: dict[str, list[WrkRun]]) -> float:
+        return median([r.p99_ms for r in runs[path]])
+
+    bare = rps("bare")
     s = Scenario("core/throughput-c32")
     s.figures = [
-        at_least("proxy", p_rps, THROUGHPUT_TARGET, "{:,.0f} req/s"),
-        Figure("direct", f"{d_rps:,.0f} req/s"),
-        Figure("proxy/direct", f"{p_rps / d_rps:.2f}"),
-        Figure(
-            "p50/p99 direct",
-            f"{median([r.p50_ms for r in thr['direct']]):.2f}/"
-            f"{median([r.p99_ms for r in thr['direct']]):.2f} ms",
-        ),
-        Figure(
-            "proxy",
-            f"{median([r.p50_ms for r in thr['proxy']]):.2f}/"
-            f"{median([r.p99_ms for r in thr['proxy']]):.2f} ms",
-        ),
+        Figure("bare forwarder", f"{bare:,.0f} req/s"),
+        at_least("no policies", rps("plain") / bare, PLAIN_RATIO_TARGET, "{:.2f}x"),
+        at_least("every policy, miss", rps("miss") / bare, MISS_RATIO_TARGET, "{:.2f}x"),
+        at_least("every policy, hit", rps("hit") / bare, HIT_RATIO_TARGET, "{:.2f}x"),
+        Figure("direct", f"{rps('direct'):,.0f} req/s"),
     ]
     if not pinning.enabled:
         s.figures.append(Figure("NOTE", "unpinned: not a one-core figure"))
     s.details = [
         f"wrk -t1 -c{CONNECTIONS} -d{RUN_SECONDS}s, 1 KB JSON POST -> 1 KB JSON answer, "
-        f"{REPEATS} runs each, alternating; medians of runs",
-        "direct req/s: " + spread([r.rps for r in thr["direct"]], "{:,.0f}"),
-        "proxy  req/s: " + spread([r.rps for r in thr["proxy"]], "{:,.0f}"),
-        "direct " + _cpu_text(thr["direct"], *cpus),
-        "proxy  " + _cpu_text(thr["proxy"], *cpus),
-        *_errors_note("direct", thr["direct"]),
-        *_errors_note("proxy", thr["proxy"]),
+        f"{REPEATS} runs each, alternating; medians of runs; ratios over the bare forwarder",
+        *(
+            f"{path:<6} req/s: {spread([r.rps for r in thr[path]], '{:,.0f}')}; "
+            f"p50/p99 {p50(path, thr):.2f}/{p99(path, thr):.2f} ms"
+            for path in PATHS
+        ),
+        *(f"{path:<6} {_cpu_text(thr[path], *cpus)}" for path in PATHS if path != "direct"),
+        *(note for path in PATHS for note in _errors_note(path, thr[path])),
     ]
     emit(s)
 
+    s = Scenario("core/latency-c1")
+    s.figures = [
+        Figure("bare p50/p99", f"{p50('bare', lat):.3f}/{p99('bare', lat):.3f} ms"),
+        Figure("no policies", f"+{p50('plain', lat) - p50('bare', lat):.3f} ms"),
+        at_most(
+            "every policy, miss",
+            p50("miss", lat) - p50("bare", lat),
+            ADDED_P50_TARGET_MS,
+            "+{:.3f} ms",
+        ),
+        Figure("hit", f"{p50('hit', lat) - p50('bare', lat):+.3f} ms"),
+        Figure("direct p50", f"{p50('direct', lat):.3f} ms"),
+    ]
+    s.details = [
+        f"wrk -t1 -c1 -d{RUN_SECONDS}s, {REPEATS} runs each, alternating; medians of runs; "
+        "added p50 over the bare forwarder",
+        *(
+            f"{path:<6} p50 ms: {spread([r.p50_ms for r in lat[path]], '{:.3f}')}; "
+            f"p99 {p99(path, lat):.3f} ms"
+            for path in PATHS
+        ),
+        *(note for path in PATHS for note in _errors_note(path, lat[path])),
+    ]
+    emit(s)
+
+    s = Scenario("core/rss")
+    s.figures = [
+        at_most("shipped config idle", rss["shipped idle"], RSS_IDLE_TARGET_MB, "{:.0f} MB"),
+        Figure("every policy idle", f"{rss['every policy idle']:.0f} MB"),
+        at_most(
+            "after the load", rss["every policy after load"], RSS_LOADED_TARGET_MB, "{:.0f} MB"
+        ),
+    ]
+    s.details = ["VmRSS of the proxy process; 'after the load' is the every-policy proxy"]
+    emit(s)
+
     # What log.level info (one JSON request line per request) costs.
-    i_rps = thr["proxy-info"][0].rps
-    i50 = lat["proxy-info"][0].p50_ms
+    i_rps = thr["plain-info"][0].rps
+    i50 = lat["plain-info"][0].p50_ms
     s = Scenario("core/log-level-info")
     s.figures = [
-        Figure("proxy throughput", f"{i_rps:,.0f} req/s ({i_rps / p_rps:.2f}x of level warning)"),
-        Figure("added p50", f"{i50 - d50:.3f} ms (level warning: {p50 - d50:.3f} ms)"),
+        Figure(
+            "no policies, throughput",
+            f"{i_rps:,.0f} req/s ({i_rps / rps('plain'):.2f}x of level warning)",
+        ),
+        Figure(
+            "added p50",
+            f"{i50 - p50('bare', lat):.3f} ms (level warning: "
+            f"{p50('plain', lat) - p50('bare', lat):.3f} ms)",
+        ),
     ]
     s.details = [
         "one run each; request log lines written to a file; targets apply to level warning",
-        "proxy " + _cpu_text(thr["proxy-info"], *cpus),
-        *_errors_note("proxy-info", thr["proxy-info"] + lat["proxy-info"]),
+        "proxy " + _cpu_text(thr["plain-info"], *cpus),
+        *_errors_note("plain-info", thr["plain-info"] + lat["plain-info"]),
     ]
     emit(s)

@@ -129,6 +129,21 @@ def proxy(
     fd, config_path = tempfile.mkstemp(prefix="bench-proxy-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
         yaml.safe_dump(proxy_config(routes, port=port, log_level=log_level), f)
+    try:
+        with proxy_from_file(pinning, config_path, port=port, timeout=timeout) as started:
+            yield started
+    finally:
+        with contextlib.suppress(OSError):
+            os.unlink(config_path)
+
+
+@contextlib.contextmanager
+def proxy_from_file(
+    pinning: Pinning, config_path: str, *, port: int | None = None, timeout: float = 15.0
+) -> Iterator[tuple[str, Child]]:
+    """`python -m proxy --config FILE` on the proxy CPU, on a free port (the file's own is
+    overridden), ready once /healthz answers; yields (url, child)."""
+    port = port or free_port()
     argv = [*pinning.prefix(pinning.proxy_cpu), sys.executable, "-m", "proxy"]
     # Admin endpoints on a free port: proxies running side by side must not share one.
     argv += ["--config", config_path, "--port", str(port), "--admin-port", "0"]
@@ -139,8 +154,30 @@ def proxy(
         yield url, child
     finally:
         child.stop()
-        with contextlib.suppress(OSError):
-            os.unlink(config_path)
+
+
+@contextlib.contextmanager
+def bare_forwarder(
+    pinning: Pinning, upstream: str, timeout: float = 20.0
+) -> Iterator[tuple[str, Child]]:
+    """`python -m bench.forwarder` (the least a Python forwarder does) on the proxy CPU."""
+    argv = [*pinning.prefix(pinning.proxy_cpu), sys.executable, "-m", "bench.forwarder"]
+    child = Child("forwarder", [*argv, "--port", "0", "--upstream", upstream], pipe_stdout=True)
+    try:
+        port = child.read_port(timeout)
+        yield f"http://127.0.0.1:{port}", child
+    finally:
+        child.stop()
+
+
+def rss_mb(child: Child) -> float:
+    """The resident memory of a running child, in MB (VmRSS); nan once it is gone."""
+    try:
+        status = open(f"/proc/{child.pid}/status").read()
+    except OSError:
+        return float("nan")
+    kb = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    return kb / 1024
 
 
 def get_json(url: str, timeout: float = 5.0) -> Any:
