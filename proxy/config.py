@@ -6,13 +6,10 @@ duration like 10s, got "ten"`). Unknown keys are errors: a typo must not silentl
 
 from __future__ import annotations
 
-import ipaddress
 import json
-import math
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
-from contextlib import contextmanager
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from decimal import Decimal
 from enum import Enum
@@ -28,6 +25,91 @@ from policies.cache import CacheConfig
 from policies.core.credentials import is_credential_name
 from policies.core.errors import seconds_text
 from policies.core.outcome import RETRY_CONDITIONS, Outcome
+from policies.core.route import HeaderRules, Timeouts, parse_headers, parse_timeouts
+from policies.core.settings import (
+    DURATION_UNITS as _DURATION_UNITS,
+)
+from policies.core.settings import (
+    PATH_CHARS as _PATH_CHARS,
+)
+from policies.core.settings import (
+    Collector as _Collector,
+)
+from policies.core.settings import (
+    ConfigError as ConfigError,
+)
+from policies.core.settings import (
+    ConfigErrors as ConfigErrors,
+)
+from policies.core.settings import (
+    boolean as _bool,
+)
+from policies.core.settings import (
+    choice as _choice,
+)
+from policies.core.settings import (
+    fields as _fields,
+)
+from policies.core.settings import (
+    header_names as _header_names,
+)
+from policies.core.settings import (
+    host as _host,
+)
+from policies.core.settings import (
+    is_host as _is_host,
+)
+from policies.core.settings import (
+    join as _join,
+)
+from policies.core.settings import (
+    mapping as _mapping,
+)
+from policies.core.settings import (
+    methods as _methods,
+)
+from policies.core.settings import (
+    number as _float,
+)
+from policies.core.settings import (
+    one_line as _one_line,
+)
+from policies.core.settings import (
+    optional as _optional,
+)
+from policies.core.settings import (
+    parse_duration as parse_duration,
+)
+from policies.core.settings import (
+    parse_rate as parse_rate,
+)
+from policies.core.settings import (
+    parse_size as parse_size,
+)
+from policies.core.settings import (
+    port as _port,
+)
+from policies.core.settings import (
+    positive_duration as _positive_duration,
+)
+from policies.core.settings import (
+    section as _section,
+)
+from policies.core.settings import (
+    status as _status,
+)
+from policies.core.settings import (
+    statuses as _statuses,
+)
+from policies.core.settings import (
+    text as _str,
+)
+from policies.core.settings import (
+    texts as _str_list,
+)
+from policies.core.settings import (
+    whole as _int,
+)
 from policies.failover import FallbackConfig
 from policies.hedge import HedgeBudgetConfig, HedgeConfig
 from policies.mcp import KNOWN_SERVERS, McpConfig
@@ -98,88 +180,6 @@ _Loader.add_implicit_resolver(
 )
 
 
-# The value a reason quotes (`expected a string, got 12345`), left out where it is a secret.
-_QUOTED_VALUE = re.compile(r",? got .*$", re.S)
-
-
-def _holds_secret(path: str) -> bool:
-    """A YAML path whose value is a secret: a headers.set value, or a key named like one."""
-    last = re.split(r"[.\[\]]+", path.rstrip("]"))[-1]
-    return ".headers.set." in f".{path}" or is_credential_name(last)
-
-
-class ConfigError(Exception):
-    """A config problem, located by its YAML path; never quoting a secret's value."""
-
-    def __init__(self, path: str, reason: str) -> None:
-        if path and _holds_secret(path):
-            reason = _QUOTED_VALUE.sub("", reason)
-        super().__init__(f"{path}: {reason}" if path else reason)
-        self.path = path
-        self.reason = reason
-
-
-class ConfigErrors(ConfigError):
-    """Every problem found in one config, in the order found; str() gives one per line.
-
-    `errors` holds them one by one. With a single error, `path` and `reason` are its own.
-    """
-
-    errors: tuple[ConfigError, ...]
-
-    def __init__(self, errors: Iterable[ConfigError]) -> None:
-        flat = tuple(
-            single
-            for error in errors
-            for single in (error.errors if isinstance(error, ConfigErrors) else (error,))
-        )
-        if len(flat) == 1:
-            super().__init__(flat[0].path, flat[0].reason)
-        else:
-            super().__init__("", "\n".join(str(error) for error in flat))
-        self.errors = flat
-
-
-class _Collector:
-    """Gathers ConfigErrors so that parsing goes on past a bad part and one run reports them all."""
-
-    def __init__(self) -> None:
-        self.errors: list[ConfigError] = []
-
-    @contextmanager
-    def part(self) -> Iterator[None]:
-        """Run the block; a ConfigError in it is recorded and the rest of the block skipped."""
-        try:
-            yield
-        except ConfigError as exc:
-            self.errors.extend(exc.errors if isinstance(exc, ConfigErrors) else (exc,))
-
-    def add(self, path: str, reason: str) -> None:
-        self.errors.append(ConfigError(path, reason))
-
-    def keys(
-        self, raw: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
-    ) -> dict[str, Any]:
-        """The allowed keys of mapping `raw`; unknown or missing keys are recorded."""
-        with self.part():
-            _mapping(raw, path, allowed, required)
-        return {k: v for k, v in raw.items() if k in allowed} if isinstance(raw, dict) else {}
-
-    def parse(
-        self, data: Mapping[str, Any], path: str, parsers: Mapping[str, Callable[[Any, str], Any]]
-    ) -> dict[str, Any]:
-        """Each key of `data` parsed by its parser; a key that fails is recorded and left out."""
-        out: dict[str, Any] = {}
-        for key, value in data.items():
-            with self.part():
-                out[key] = parsers[key](value, _join(path, key))
-        return out
-
-    def raise_any(self) -> None:
-        if self.errors:
-            raise ConfigErrors(self.errors)
-
-
 # ---------------------------------------------------------------------------------------------
 # The typed config
 
@@ -219,28 +219,13 @@ class LogConfig:
 
 
 @dataclass(frozen=True)
-class Timeouts:
-    connect: float = 2.0
-    per_try: float = 10.0  # to the response headers (and the whole body of a buffered answer)
-    total: float = 30.0  # the attempt-and-retry phase
-    idle: float = 300.0  # the longest gap between two chunks of a streamed answer
-    stream: float = 3600.0  # the longest a streamed answer may run once it started
-
-
-@dataclass(frozen=True)
-class HeaderRules:
-    set: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    remove: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
 class RouteConfig:
     name: str
     prefix: str
     upstream: str
     strip_prefix: bool = True
-    timeouts: Timeouts = Timeouts()
-    headers: HeaderRules = HeaderRules()
+    timeouts: Timeouts = field(default_factory=Timeouts)
+    headers: HeaderRules = field(default_factory=HeaderRules)
     retry: RetryConfig | None = None
     rate_limit: RateLimitConfig | None = None
     breaker: BreakerConfig | None = None
@@ -300,238 +285,9 @@ class Config:
     mcp_server: McpServerConfig = McpServerConfig()
 
 
-# ---------------------------------------------------------------------------------------------
-# Scalars
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(ms|s|m|h)\s*$")
-_DURATION_UNITS = {"ms": 0.001, "s": 1.0, "m": 60.0, "h": 3600.0}
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|KiB|MiB|GiB)?\s*$")
-_SIZE_UNITS = {
-    None: 1,
-    "B": 1,
-    "KB": 1000,
-    "MB": 1000**2,
-    "GB": 1000**3,
-    "KiB": 1024,
-    "MiB": 1024**2,
-    "GiB": 1024**3,
-}
-_RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*/\s*(s|m|h)\s*$")
 _ENV = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,128}$")
-_HEADER_NAME = re.compile(r"^[!#$%&'*+.^_`|~0-9A-Za-z-]+$")
-_FIELD_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")  # RFC 9110 §5.5: only tab is allowed
-# What a `${VAR}` may yield for a number or a boolean: ints, decimals, YAML 1.2 true/false.
-_WHOLE = re.compile(r"^\s*[0-9]+\s*$")
-_DECIMAL = re.compile(r"^\s*[0-9]+(?:\.[0-9]+)?\s*$")
-_BOOLS = {"true": True, "True": True, "TRUE": True, "false": False, "False": False, "FALSE": False}
-# RFC 3986 pchar less pct-encoded: unreserved, sub-delims, ":" and "@".
-_PATH_CHARS = frozenset(
-    "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-._~!$&'()*+,;=:@/"
-)
-_DNS_LABEL = re.compile(r"^(?!-)[A-Za-z0-9_-]{1,63}(?<!-)$")
-# Durations end up in timers and Redis expiries; longer than a year is a typo, not a policy.
-MAX_DURATION = 365 * 86400.0
-
-
-def parse_duration(value: Any, path: str) -> float:
-    """`250ms`, `10s`, `5m`, `1h` (or a bare number of seconds, also as a `${VAR}` string) to
-    seconds, at most a year."""
-    if isinstance(value, str) and _DECIMAL.match(value):
-        value = float(value)
-    if isinstance(value, bool):
-        raise ConfigError(path, f"expected a duration like 10s, got {value!r}")
-    if isinstance(value, int | float):
-        seconds = float(value) if 0 <= value <= MAX_DURATION else math.nan
-    else:
-        m = _DURATION.match(value) if isinstance(value, str) else None
-        if not m:
-            raise ConfigError(path, f'expected a duration like 10s, got "{value}"')
-        seconds = float(m.group(1)) * _DURATION_UNITS[m.group(2)]
-    if not 0 <= seconds <= MAX_DURATION:  # also NaN
-        raise ConfigError(path, f"expected a duration from 0 to 365 days, got {value!r}")
-    return seconds
-
-
-def _positive_duration(value: Any, path: str, maximum: float = MAX_DURATION) -> float:
-    """A duration where 0 makes no sense (a timeout every attempt would hit at once)."""
-    seconds = parse_duration(value, path)
-    if not 0 < seconds <= maximum:
-        raise ConfigError(
-            path, f"expected a duration above 0 and at most {seconds_text(maximum)}, got {value!r}"
-        )
-    return seconds
-
-
-def parse_size(value: Any, path: str) -> int:
-    """`1MiB`, `512KiB`, `2MB` (or a bare number of bytes) to bytes."""
-    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
-        return value
-    m = _SIZE.match(value) if isinstance(value, str) else None
-    if not m:
-        raise ConfigError(path, f'expected a size like 1MiB, got "{value}"')
-    # Decimal: a long digit string overflows a float to inf, and int(inf) raises.
-    return int(Decimal(m.group(1)) * _SIZE_UNITS[m.group(2)])
-
-
-def parse_rate(value: Any, path: str) -> float:
-    """`10/s`, `600/m`, `3600/h` to tokens per second."""
-    m = _RATE.match(value) if isinstance(value, str) else None
-    count = float(m.group(1)) if m else 0.0
-    if not m or not 0 < count < math.inf:
-        raise ConfigError(path, f'expected a rate like 10/s or 600/m, got "{value}"')
-    return count / _DURATION_UNITS[m.group(2)]
-
-
-def _bounds(minimum: float, maximum: float | None) -> str:
-    return f">= {minimum}" if maximum is None else f"from {minimum} to {maximum}"
-
-
-def _int(value: Any, path: str, minimum: int = 0, maximum: int | None = None) -> int:
-    """A whole number in range; a string of digits (from `${VAR}`) counts as one."""
-    if isinstance(value, str) and _WHOLE.match(value):
-        value = int(value)
-    if (
-        isinstance(value, bool)
-        or not isinstance(value, int)
-        or value < minimum
-        or (maximum is not None and value > maximum)
-    ):
-        raise ConfigError(
-            path, f"expected a whole number {_bounds(minimum, maximum)}, got {value!r}"
-        )
-    return value
-
-
-def _float(value: Any, path: str, minimum: float = 0.0, maximum: float | None = None) -> float:
-    """A finite number in range; a decimal string (from `${VAR}`) counts as one."""
-    if isinstance(value, str) and _DECIMAL.match(value):
-        value = float(value)
-    number = float(value) if isinstance(value, float) else math.nan
-    if isinstance(value, int) and not isinstance(value, bool):
-        number = float(value) if abs(value) < 2**63 else math.inf  # float(10**400) raises
-    top = math.inf if maximum is None else maximum
-    if not minimum <= number <= top or number == math.inf:
-        raise ConfigError(path, f"expected a number {_bounds(minimum, maximum)}, got {value!r}")
-    return number
-
-
-def _bool(value: Any, path: str) -> bool:
-    """true or false; the strings YAML 1.2 reads as booleans (from `${VAR}`) count too."""
-    if isinstance(value, str) and value.strip() in _BOOLS:
-        return _BOOLS[value.strip()]
-    if not isinstance(value, bool):
-        raise ConfigError(path, f"expected true or false, got {value!r}")
-    return value
-
-
-def _port(value: Any, path: str) -> int:
-    """A port to listen on; 0 picks a free one."""
-    return _int(value, path, 0, 65535)
-
-
-def _is_host(host: str) -> bool:
-    """A DNS name (ASCII; write an IDN in its xn-- form) or an IP address."""
-    try:
-        ipaddress.ip_address(host)
-        return True
-    except ValueError:
-        labels = host[:-1].split(".") if host.endswith(".") else host.split(".")
-        return len(host) <= 253 and all(_DNS_LABEL.match(label) for label in labels)
-
-
-def _host(value: Any, path: str) -> str:
-    host = _str(value, path)
-    if not _is_host(host):
-        raise ConfigError(path, f"expected a host name or an IP address, got {host!r}")
-    return host
-
-
-def _str(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise ConfigError(path, f"expected a non-empty string, got {value!r}")
-    return value
-
-
-def _choice(value: Any, path: str, choices: tuple[str, ...]) -> str:
-    if not isinstance(value, str) or value not in choices:
-        raise ConfigError(path, f"expected one of {', '.join(choices)}, got {value!r}")
-    return value
-
-
-def _str_list(value: Any, path: str) -> tuple[str, ...]:
-    if not isinstance(value, list):
-        raise ConfigError(path, f"expected a list of strings, got {value!r}")
-    return tuple(_str(v, f"{path}[{i}]") for i, v in enumerate(value))
-
-
-def _methods(value: Any, path: str) -> frozenset[str]:
-    methods = _str_list(value, path)
-    for i, m in enumerate(methods):
-        if m.upper() not in {"GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS"}:
-            raise ConfigError(f"{path}[{i}]", f"expected an HTTP method, got {m!r}")
-    return frozenset(m.upper() for m in methods)
-
-
-def _header_names(value: Any, path: str) -> tuple[str, ...]:
-    names = _str_list(value, path)
-    for i, name in enumerate(names):
-        if not _HEADER_NAME.match(name):
-            raise ConfigError(f"{path}[{i}]", f"expected a header name, got {name!r}")
-    return names
-
-
-def _mapping(
-    value: Any, path: str, allowed: tuple[str, ...], required: tuple[str, ...] = ()
-) -> dict[str, Any]:
-    if value is None:
-        value = {}
-    if not isinstance(value, dict):
-        raise ConfigError(path, f"expected a mapping, got {type(value).__name__}")
-    problems = [
-        ConfigError(_join(path, str(key)), f"unknown key (allowed: {', '.join(allowed)})")
-        for key in value
-        if key not in allowed
-    ]
-    problems += [
-        ConfigError(_join(path, key), "required key is missing")
-        for key in required
-        if key not in value
-    ]
-    if problems:
-        raise ConfigErrors(problems)
-    return value
-
-
-def _join(path: str, key: str) -> str:
-    return f"{path}.{key}" if path else key
-
-
-def _fields(
-    raw: Any,
-    path: str,
-    parsers: Mapping[str, Callable[[Any, str], Any]],
-    required: tuple[str, ...] = (),
-) -> dict[str, Any]:
-    """Mapping `raw` with each present key parsed by its parser; every bad key is reported."""
-    collect = _Collector()
-    kwargs = collect.parse(collect.keys(raw, path, tuple(parsers), required), path, parsers)
-    collect.raise_any()
-    return kwargs
-
-
-def _section(
-    raw: Any,
-    path: str,
-    cls: Callable[..., T],
-    parsers: Mapping[str, Callable[[Any, str], Any]],
-    required: tuple[str, ...] = (),
-) -> T:
-    """Build dataclass `cls` from mapping `raw`, parsing each present key with its parser."""
-    return cls(**_fields(raw, path, parsers, required))
-
 
 # ---------------------------------------------------------------------------------------------
 # Sections
@@ -592,41 +348,6 @@ def _log(raw: Any, path: str) -> LogConfig:
             "format": lambda v, p: _choice(v, p, ("json", "console")),
         },
     )
-
-
-def _timeouts(raw: Any, path: str) -> Timeouts:
-    t = _section(
-        raw,
-        path,
-        Timeouts,
-        {
-            "connect": _positive_duration,
-            "per_try": _positive_duration,
-            "total": _positive_duration,
-            "idle": _positive_duration,
-            "stream": _positive_duration,
-        },
-    )
-    if t.per_try > t.total:
-        raise ConfigError(_join(path, "per_try"), "must not exceed timeouts.total")
-    if t.stream < t.idle:
-        raise ConfigError(
-            _join(path, "stream"),
-            f"must be at least timeouts.idle ({seconds_text(t.idle)}); raise stream or lower idle",
-        )
-    return t
-
-
-def _headers(raw: Any, path: str) -> HeaderRules:
-    data = _mapping(raw, path, ("set", "remove"))
-    set_raw = _mapping(data.get("set"), _join(path, "set"), tuple(data.get("set") or {}))
-    for name, value in set_raw.items():
-        if not isinstance(name, str) or not _HEADER_NAME.match(name):
-            raise ConfigError(_join(path, f"set.{name}"), "not a valid header name")
-        if not isinstance(value, str) or _FIELD_CONTROL.search(value):
-            raise ConfigError(_join(path, f"set.{name}"), "expected a one-line string value")
-    remove = _str_list(data.get("remove", []), _join(path, "remove"))
-    return HeaderRules(set=MappingProxyType(dict(set_raw)), remove=remove)
 
 
 def _retry_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[Outcome]]:
@@ -1000,8 +721,8 @@ _ROUTE_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "prefix": _prefix,
     "upstream": _upstream,
     "strip_prefix": _bool,
-    "timeouts": _timeouts,
-    "headers": _headers,
+    "timeouts": parse_timeouts,
+    "headers": parse_headers,
     "retry": _retry,
     "rate_limit": _rate_limit,
     "breaker": _breaker,
@@ -1027,14 +748,6 @@ def _route_sections(name: Any, raw: Any, path: str, collect: _Collector) -> dict
         )
     data = collect.keys(raw, path, tuple(_ROUTE_PARSERS), required=("prefix", "upstream"))
     return collect.parse(data, path, _ROUTE_PARSERS)
-
-
-def _one_line(value: Any, path: str) -> str:
-    """A non-empty string without control characters (it travels in a header)."""
-    text = _str(value, path)
-    if _FIELD_CONTROL.search(text):
-        raise ConfigError(path, "expected a one-line string value")
-    return text
 
 
 def _client(name: Any, raw: Any, path: str) -> ClientConfig:
@@ -1144,11 +857,6 @@ def _mcp_server_config(
 # Vendor profiles
 
 
-def _optional(parse: Callable[[Any, str], T]) -> Callable[[Any, str], T | None]:
-    """`parse`, but null is accepted too: it clears a value the extended profile set."""
-    return lambda value, path: None if value is None else parse(value, path)
-
-
 def _dotted(value: Any, path: str, *, allow_body: bool) -> tuple[str, ...]:
     """`data.items` as keys; `""` (the body itself) only where `allow_body`."""
     keys = tuple(value.split(".")) if isinstance(value, str) and value else ()
@@ -1171,21 +879,6 @@ def _field_names(value: Any, path: str) -> tuple[str, ...]:
     if not isinstance(value, list) or not value:
         raise ConfigError(path, f"expected a field name or a list of them, got {value!r}")
     return _str_list(value, path)
-
-
-def _status(value: Any, path: str) -> int:
-    # YAML reads the key of `{404: [...]}` as an int but of `{"404": [...]}` as a string.
-    if isinstance(value, str) and value.strip().isdigit():
-        value = int(value)
-    if not isinstance(value, int) or isinstance(value, bool) or not 100 <= value <= 599:
-        raise ConfigError(path, f"expected an HTTP status code (100-599), got {value!r}")
-    return value
-
-
-def _statuses(value: Any, path: str) -> frozenset[int]:
-    if not isinstance(value, list):
-        raise ConfigError(path, f"expected a list of status codes, got {value!r}")
-    return frozenset(_status(s, f"{path}[{i}]") for i, s in enumerate(value))
 
 
 def _codes_by_status(value: Any, path: str) -> dict[int, frozenset[str]]:

@@ -3,9 +3,7 @@
 Plain data plus pure functions (no I/O), shared by the search-recovery policy and the tests.
 """
 
-from policies.profiles.assess import assess, classify, error_message, ratelimit_hint
-from policies.profiles.details import ResultDetails, extract_details
-from policies.profiles.model import (
+from policies.core.profile import (
     QUERY_KINDS,
     Assessment,
     ProfileError,
@@ -18,6 +16,8 @@ from policies.profiles.model import (
     VendorProfile,
     Verdict,
 )
+from policies.profiles.assess import assess, classify, error_message, ratelimit_hint
+from policies.profiles.details import ResultDetails, extract_details
 from policies.profiles.options import (
     OPTION_NAMES,
     TIME_RANGES,

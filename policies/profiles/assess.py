@@ -7,18 +7,8 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from policies.profiles.model import (
-    _MISSING,
-    _NOT_A_LIST,
-    _NOT_JSON,
-    Assessment,
-    RateLimitHint,
-    VendorProfile,
-    Verdict,
-    _dig,
-    _find_results,
-    _load_json,
-)
+from policies.core.profile import Assessment, RateLimitHint, VendorProfile, Verdict
+from policies.profiles.reading import MISSING, NOT_A_LIST, NOT_JSON, dig, find_results, load_json
 
 # Reset values this large are Unix timestamps, not "seconds from now".
 _EPOCH_THRESHOLD = 1_000_000_000.0
@@ -26,7 +16,7 @@ _EPOCH_THRESHOLD = 1_000_000_000.0
 
 def _error_code(profile: VendorProfile, data: Any) -> str | None:
     for path in profile.error_code_paths:
-        value = _dig(data, path)
+        value = dig(data, path)
         if isinstance(value, str) and value:
             return value
         if isinstance(value, int) and not isinstance(value, bool):
@@ -42,25 +32,25 @@ def assess(profile: VendorProfile, status: int, body: bytes) -> Assessment:
     missing (unless `missing_results_is_empty`) or not a list, EMPTY when the list is empty
     or `empty_when_body_field` is present, else OK.
     """
-    data = _load_json(body)
-    code = _error_code(profile, data) if data is not _NOT_JSON else None
+    data = load_json(body)
+    code = _error_code(profile, data) if data is not NOT_JSON else None
     if status in profile.terminal_statuses or code in profile.terminal_body_codes.get(status, ()):
         return Assessment(Verdict.TERMINAL, code)
     if code in profile.empty_status_codes.get(status, ()):
         return Assessment(Verdict.EMPTY, code)
     if not 200 <= status < 300:
         return Assessment(Verdict.PASS, code)
-    if data is _NOT_JSON:
+    if data is NOT_JSON:
         return Assessment(Verdict.OK if profile.non_json_ok else Verdict.MALFORMED)
     if not isinstance(data, dict) and all(profile.results_paths):
         return Assessment(Verdict.MALFORMED)
-    results = _find_results(profile, data)
-    if results is _NOT_A_LIST:
+    results = find_results(profile, data)
+    if results is NOT_A_LIST:
         return Assessment(Verdict.MALFORMED, code)
-    if results is not _MISSING and results:
+    if results is not MISSING and results:
         return Assessment(Verdict.OK, code)
     field = profile.empty_when_body_field
-    if results is not _MISSING or profile.missing_results_is_empty:
+    if results is not MISSING or profile.missing_results_is_empty:
         return Assessment(Verdict.EMPTY, code)
     if field is not None and isinstance(data, dict) and field in data:
         return Assessment(Verdict.EMPTY, code)
@@ -82,11 +72,11 @@ MAX_VENDOR_MESSAGE = 200
 
 def error_message(body: bytes) -> str | None:
     """The vendor's own sentence in an error body, cut to one short line; None if none."""
-    data = _load_json(body)
+    data = load_json(body)
     if not isinstance(data, dict):
         return None
     for path in _MESSAGE_PATHS:
-        value = _dig(data, path)
+        value = dig(data, path)
         if isinstance(value, str) and value.strip():
             # One printable line: the vendor's words end up in status lines and logs.
             text = "".join(c if c.isprintable() else " " for c in " ".join(value.split()))

@@ -10,7 +10,8 @@ from datetime import UTC, datetime, timedelta
 from types import MappingProxyType
 from typing import Any
 
-from policies.profiles.model import VendorProfile, _find_results
+from policies.core.profile import VendorProfile
+from policies.profiles.reading import find_results
 
 
 @dataclass(frozen=True, slots=True)
@@ -124,7 +125,7 @@ def extract_details(
 ) -> dict[str, ResultDetails]:
     """Details of the vendor's results by URL (the first item with a URL wins); items without
     a URL count for positions but are not listed. `now` anchors relative dates."""
-    items = _find_results(profile, body_json)
+    items = find_results(profile, body_json)
     if not isinstance(items, list):
         return {}
     fields = DETAIL_FIELDS.get(profile.dialect, _NONE)

@@ -18,7 +18,7 @@ from types import MappingProxyType
 from typing import Any, Final, Literal, get_args
 from urllib.parse import parse_qsl
 
-from policies.profiles.model import SearchRequest, VendorProfile
+from policies.core.profile import SearchRequest, VendorProfile
 
 TimeRange = Literal["day", "week", "month", "year"]
 Topic = Literal["general", "news"]

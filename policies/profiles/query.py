@@ -13,17 +13,15 @@ from types import MappingProxyType
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
-from policies.profiles.model import (
-    _MISSING,
+from policies.core.profile import (
     QueryLocation,
     QueryRef,
     SearchRequest,
     VendorProfile,
-    _dig,
-    _first_location,
-    _load_json,
+    first_location,
 )
 from policies.profiles.options import SearchOptions, apply_options
+from policies.profiles.reading import MISSING, dig, load_json
 
 
 def _ref(location: QueryLocation, value: Any) -> QueryRef:
@@ -48,14 +46,14 @@ def extract_query(
     Junk bodies never raise: a location that cannot be read counts as absent, and a query
     that is present but not a string comes back with ``is_text=False``.
     """
-    parsed: Any = _MISSING
+    parsed: Any = MISSING
     form: list[tuple[str, str]] | None = None
     for loc in profile.query_locations:
         if loc.kind == "json":
-            if parsed is _MISSING:
-                parsed = _load_json(body)
-            value = _dig(parsed, loc.keys) if isinstance(parsed, dict) else _MISSING
-            if value is not _MISSING:
+            if parsed is MISSING:
+                parsed = load_json(body)
+            value = dig(parsed, loc.keys) if isinstance(parsed, dict) else MISSING
+            if value is not MISSING:
                 return _ref(loc, value)
         elif loc.kind == "query":
             if loc.field in query:
@@ -109,7 +107,7 @@ def replace_query(
     if loc not in profile.query_locations:
         raise ValueError(f"{loc.kind} {loc.field!r} is not a query location of {profile.name}")
     if loc.kind == "json":
-        data = _load_json(body)
+        data = load_json(body)
         if not isinstance(data, dict):
             raise ValueError("the body is not a JSON object")
         target = data
@@ -142,14 +140,14 @@ def build_search_request(profile: VendorProfile, query: str, max_results: int) -
         count = min(count, profile.max_results_cap)
     headers = dict(profile.search_headers)
     if profile.search_method == "GET":
-        loc = _first_location(profile, "query")
+        loc = first_location(profile, "query")
         assert loc is not None  # checked when the profile was built
         params = {loc.field: query}
         if profile.max_results_field:
             params[profile.max_results_field] = str(count)
         params.update({k: _param(v) for k, v in profile.search_extra.items()})
         return SearchRequest("GET", profile.search_path, params, None, headers)
-    loc = _first_location(profile, "json")
+    loc = first_location(profile, "json")
     assert loc is not None
     body: dict[str, Any] = {}
     target = body

@@ -13,7 +13,7 @@ import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from policies.profiles.model import SearchResult, VendorProfile
+from policies.core.profile import SearchResult, VendorProfile
 
 # vendor family -> (answer envelope, extra fields of each result)
 TEMPLATES: Mapping[str, tuple[dict[str, Any], dict[str, Any]]] = {

@@ -7,7 +7,8 @@ from collections.abc import Mapping
 from typing import Any
 from urllib.parse import unquote, urlsplit
 
-from policies.profiles.model import SearchResult, VendorProfile, _find_results
+from policies.core.profile import SearchResult, VendorProfile
+from policies.profiles.reading import find_results
 
 
 def _first_text(item: Mapping[str, Any], fields: tuple[str, ...]) -> str:
@@ -23,7 +24,7 @@ def _first_text(item: Mapping[str, Any], fields: tuple[str, ...]) -> str:
 
 def extract_results(profile: VendorProfile, body_json: Any) -> list[SearchResult]:
     """The vendor's results; items that are not objects or have no URL are skipped."""
-    results = _find_results(profile, body_json)
+    results = find_results(profile, body_json)
     if not isinstance(results, list):
         return []
     out: list[SearchResult] = []

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from types import MappingProxyType
 
-from policies.profiles.model import QueryKind, QueryLocation, VendorProfile
+from policies.core.profile import QueryKind, QueryLocation, VendorProfile
 
 
 def _path(dotted: str) -> tuple[str, ...]:

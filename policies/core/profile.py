@@ -1,12 +1,11 @@
-"""The vendor-profile data model: where a search API keeps its query and results, what an
-answer means, and the small JSON readers the other profile modules share.
+"""The vendor-profile data model: where a search API keeps its query and results, and what an
+answer means. Plain frozen data; the functions that read it are in policies/profiles/.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from enum import Enum
@@ -15,10 +14,6 @@ from typing import Any, Literal
 
 QueryKind = Literal["json", "query", "form", "path"]
 QUERY_KINDS: tuple[str, ...] = ("json", "query", "form", "path")
-
-_NOT_JSON: Any = object()
-_MISSING: Any = object()
-_NOT_A_LIST: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +168,7 @@ class VendorProfile:
             if not self.search_path.startswith("/"):
                 raise ProfileError("search_path", f"must start with '/', got {self.search_path!r}")
             kind = "query" if self.search_method == "GET" else "json"
-            if _first_location(self, kind) is None:
+            if first_location(self, kind) is None:
                 raise ProfileError(
                     "query", f"a {self.search_method} search needs a {kind} location"
                 )
@@ -194,35 +189,5 @@ def _freeze_codes(codes: Mapping[int, Any]) -> Mapping[int, frozenset[str]]:
     return MappingProxyType({int(k): frozenset(v) for k, v in codes.items()})
 
 
-def _first_location(profile: VendorProfile, kind: str) -> QueryLocation | None:
+def first_location(profile: VendorProfile, kind: str) -> QueryLocation | None:
     return next((loc for loc in profile.query_locations if loc.kind == kind), None)
-
-
-# --- JSON helpers -------------------------------------------------------------------------
-
-
-def _load_json(body: bytes) -> Any:
-    if not body or not body.strip():
-        return _NOT_JSON
-    try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return _NOT_JSON
-
-
-def _dig(data: Any, keys: tuple[str, ...]) -> Any:
-    for key in keys:
-        if not isinstance(data, dict) or key not in data:
-            return _MISSING
-        data = data[key]
-    return data
-
-
-def _find_results(profile: VendorProfile, data: Any) -> Any:
-    """The first result list present, _MISSING if none is, _NOT_A_LIST if one is not a list."""
-    for path in profile.results_paths:
-        value = _dig(data, path)
-        if value is _MISSING:
-            continue
-        return value if isinstance(value, list) else _NOT_A_LIST
-    return _MISSING

@@ -1,0 +1,105 @@
+"""A route's config as every policy reads it: where it sends requests, its timeouts and headers,
+and the sections of the policies it configures (each parsed by its own policy module)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+from typing import TYPE_CHECKING, Any, TypeVar, cast
+
+from policies.core.errors import seconds_text
+from policies.core.settings import (
+    FIELD_CONTROL,
+    HEADER_NAME,
+    ConfigError,
+    join,
+    mapping,
+    positive_duration,
+    section,
+    texts,
+)
+
+if TYPE_CHECKING:
+    from policies.core.section import Section
+
+C = TypeVar("C")
+
+
+@dataclass(frozen=True)
+class Timeouts:
+    connect: float = 2.0
+    per_try: float = 10.0  # to the response headers (and the whole body of a buffered answer)
+    total: float = 30.0  # the attempt-and-retry phase
+    idle: float = 300.0  # the longest gap between two chunks of a streamed answer
+    stream: float = 3600.0  # the longest a streamed answer may run once it started
+
+
+@dataclass(frozen=True)
+class HeaderRules:
+    set: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+    remove: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RouteConfig:
+    """One route. `sections` holds each configured policy's own config by its YAML key; read one
+    with `route.get(SECTION)`, typed by the policy's section."""
+
+    name: str
+    prefix: str
+    upstream: str
+    strip_prefix: bool = True
+    timeouts: Timeouts = Timeouts()
+    headers: HeaderRules = HeaderRules()
+    # The largest answer read from the vendor, counted after decompression.
+    max_response_bytes: int = 8 * 1024 * 1024
+    sections: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def get(self, section: Section[C]) -> C | None:
+        """This route's config of `section`, or None when the route does not configure it."""
+        return cast("C | None", self.sections.get(section.key))
+
+    def has(self, key: str) -> bool:
+        """Whether the route configures the section with YAML key `key`."""
+        return key in self.sections
+
+    def section(self, key: str) -> Any:
+        """The config of the section with YAML key `key` (None when not configured): for code
+        that knows a section only by name (tests, tools)."""
+        return self.sections.get(key)
+
+
+def parse_timeouts(raw: Any, path: str) -> Timeouts:
+    t = section(
+        raw,
+        path,
+        Timeouts,
+        {
+            "connect": positive_duration,
+            "per_try": positive_duration,
+            "total": positive_duration,
+            "idle": positive_duration,
+            "stream": positive_duration,
+        },
+    )
+    if t.per_try > t.total:
+        raise ConfigError(join(path, "per_try"), "must not exceed timeouts.total")
+    if t.stream < t.idle:
+        raise ConfigError(
+            join(path, "stream"),
+            f"must be at least timeouts.idle ({seconds_text(t.idle)}); raise stream or lower idle",
+        )
+    return t
+
+
+def parse_headers(raw: Any, path: str) -> HeaderRules:
+    data = mapping(raw, path, ("set", "remove"))
+    set_raw = mapping(data.get("set"), join(path, "set"), tuple(data.get("set") or {}))
+    for name, value in set_raw.items():
+        if not isinstance(name, str) or not HEADER_NAME.match(name):
+            raise ConfigError(join(path, f"set.{name}"), "not a valid header name")
+        if not isinstance(value, str) or FIELD_CONTROL.search(value):
+            raise ConfigError(join(path, f"set.{name}"), "expected a one-line string value")
+    remove = texts(data.get("remove", []), join(path, "remove"))
+    return HeaderRules(set=MappingProxyType(dict(set_raw)), remove=remove)
