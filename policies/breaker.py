@@ -11,13 +11,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import math
 import secrets
 from collections.abc import Awaitable, Callable, Mapping
 from contextvars import ContextVar
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Final, NamedTuple
+from typing import Any, Final, NamedTuple
 
 import pybreaker
 import structlog
@@ -29,6 +30,20 @@ from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
 from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
+from policies.core.section import Build, Link, Section, SideRequest
+from policies.core.settings import (
+    PATH_CHARS,
+    ConfigError,
+    choice,
+    join,
+    number,
+    parse_duration,
+    positive_duration,
+    section,
+    statuses,
+    text,
+    whole,
+)
 
 log = structlog.get_logger("search_proxy.breaker")
 
@@ -904,3 +919,119 @@ class Breaker:
                 async with asyncio.timeout(self._sync_interval):
                     await self._wake.wait()
             self._wake.clear()
+
+
+# ---------------------------------------------------------------------------------------------
+# The `breaker:` section
+
+
+def parse(raw: Any, path: str) -> BreakerConfig:
+    cfg = section(
+        raw,
+        path,
+        BreakerConfig,
+        {
+            "fail_max": lambda v, p: whole(v, p, 1),
+            # The shared breaker record lives a day: a longer open circuit would be forgotten.
+            "reset_timeout": lambda v, p: positive_duration(v, p, 86400.0),
+            "open_initial": lambda v, p: positive_duration(v, p, 86400.0),
+            "open_multiplier": lambda v, p: number(v, p, 1.0, 100.0),
+            "success_threshold": lambda v, p: whole(v, p, 1),
+            # One Redis slot key per probe.
+            "half_open_probes": lambda v, p: whole(v, p, 1, 100),
+            "max_wait": parse_duration,
+            "slow_start": parse_duration,
+            "probe": _parse_probe,
+        },
+    )
+    if cfg.open_initial is not None and cfg.open_initial > cfg.reset_timeout:
+        default = "" if isinstance(raw, dict) and "reset_timeout" in raw else ", the default"
+        raise ConfigError(
+            join(path, "open_initial"),
+            f"must not exceed reset_timeout ({seconds_text(cfg.reset_timeout)}{default}), "
+            "the longest an opening lasts",
+        )
+    return cfg
+
+
+def _parse_probe(raw: Any, path: str) -> ProbeConfig:
+    return section(
+        raw,
+        path,
+        ProbeConfig,
+        {
+            "every": positive_duration,
+            "method": lambda v, p: choice(
+                v.upper() if isinstance(v, str) else v, p, ("GET", "HEAD", "POST")
+            ),
+            "path": _probe_path,
+            "body": _probe_body,
+            "expect": lambda v, p: statuses(v if isinstance(v, list) else [v], p),
+        },
+        required=("every",),
+    )
+
+
+def _probe_path(value: Any, path: str) -> str:
+    """A path under the route's upstream, as a request's would be after the prefix, and an
+    optional `?query`."""
+    given = text(value, path)
+    where, _, query = given.partition("?")
+    if (
+        not where.startswith("/")
+        or "//" in where
+        or any(seg in (".", "..") for seg in where.split("/"))
+        or set(where) - PATH_CHARS - {"%"}
+        or any(c in query for c in " #")
+        or not query.isprintable()
+    ):
+        raise ConfigError(path, f"expected a path like /usage or /health?full=1, got {given!r}")
+    return given
+
+
+def _probe_body(value: Any, path: str) -> str:
+    """The probe's JSON body: a mapping or list (encoded here), or JSON text."""
+    if isinstance(value, dict | list):
+        return json.dumps(value, separators=(",", ":"))
+    if isinstance(value, str):
+        try:
+            json.loads(value)
+        except ValueError:
+            raise ConfigError(
+                path, f"expected JSON (it is sent as application/json), got {value!r}"
+            ) from None
+        return value
+    raise ConfigError(path, f"expected a mapping or JSON text, got {value!r}")
+
+
+SECTION = Section("breaker", parse)
+
+
+def probe_sender(probe: ProbeConfig, send: SideRequest) -> ProbeSender:
+    """The route's configured probe, sent through its upstream: the vendor's status."""
+    body = probe.body.encode()
+
+    async def sender() -> int:
+        return await send(probe.method, probe.path, body)
+
+    return sender
+
+
+def build(cfg: BreakerConfig, route: Build) -> Breaker:
+    breaker = Breaker(
+        route.route.name,
+        cfg,
+        route.clock,
+        route.events,
+        route.redis,
+        # A probe's fleet-wide slot lasts as long as the probe itself may.
+        probe_lease=route.route.timeouts.total,
+        send_probe=probe_sender(cfg.probe, route.side_request) if cfg.probe else None,
+    )
+    # The retry loop stops once the breaker opens: its retries would only hit a vendor known
+    # to be down.
+    route.halt_retries = breaker.halts_retries
+    return breaker
+
+
+LINK = Link("breaker", SECTION, build)

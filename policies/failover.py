@@ -14,18 +14,22 @@ import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl
 
 from policies.backoff import parse_retry_after
 from policies.core.clock import Clock
+from policies.core.credentials import injects_key
 from policies.core.errors import ClientFault, ProxyError
 from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Classifier, Outcome
 from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.route import RouteConfig
+from policies.core.section import Build, Link, Provider, Section
+from policies.core.settings import ConfigError, join, one_of, parse_duration, section, texts
 from policies.profiles import QueryRef, VendorProfile, extract_query
-from policies.translate import Provider, Translated, ask, read_search
+from policies.translate import Translated, ask, read_search
 
 # How often a replica asks Redis whether another replica benched a vendor.
 _EXHAUSTED_REFRESH = 1.0
@@ -214,3 +218,65 @@ class Failover:
             "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{answer.provider}"
         )
         return answer.reply
+
+
+# ---------------------------------------------------------------------------------------------
+# The `fallback:` section
+
+
+def parse(raw: Any, path: str) -> FallbackConfig:
+    cfg = section(
+        raw,
+        path,
+        FallbackConfig,
+        {"providers": texts, "prefer": one_of("stale", "fresh"), "exhausted_for": parse_duration},
+        required=("providers",),
+    )
+    if not cfg.providers:
+        raise ConfigError(join(path, "providers"), "expected at least one route name")
+    return cfg
+
+
+def check(cfg: FallbackConfig, route: RouteConfig, path: str) -> list[ConfigError]:
+    if not route.has("search"):
+        return [ConfigError(path, "needs the route's search section")]
+    return []
+
+
+def providers_named(cfg: FallbackConfig) -> list[tuple[str, str]]:
+    """The routes this section names, each with its path under the section."""
+    return [(f"providers[{i}]", name) for i, name in enumerate(cfg.providers)]
+
+
+SECTION = Section("fallback", parse, check, refers=providers_named)
+
+
+def build(cfg: FallbackConfig, route: Build) -> Failover | None:
+    if route.profile is None:
+        return None
+    clock, redis = route.clock, route.redis
+    return Failover(
+        route.route.name,
+        route.profile,
+        route.classify,
+        cfg,
+        route.providers(cfg.providers),
+        route.once("exhausted", lambda: Exhausted(clock, redis)),
+        clock,
+        route.events,
+        shared_key=injects_key(route.route.headers.set),
+    )
+
+
+def _build_before_cache(cfg: FallbackConfig, route: Build) -> Failover | None:
+    """prefer: stale: outside the cache, so a stale entry of this vendor answers first."""
+    return build(cfg, route) if cfg.prefer == "stale" else None
+
+
+def _build_after_cache(cfg: FallbackConfig, route: Build) -> Failover | None:
+    """prefer: fresh: inside the cache, stale only when the fallbacks fail too."""
+    return build(cfg, route) if cfg.prefer == "fresh" else None
+
+
+BEFORE_CACHE = Link("failover", SECTION, _build_before_cache)
+AFTER_CACHE = Link("failover", SECTION, _build_after_cache)

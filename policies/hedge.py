@@ -11,21 +11,34 @@ query), GET, and the methods the route marks safe.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import parse_qsl
 
 from policies.backoff import RetryBudget
 from policies.core.clock import Clock
-from policies.core.errors import ProxyError, VendorFailure
+from policies.core.errors import ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Classifier, Outcome, status_outcome
+from policies.core.route import RouteConfig
+from policies.core.section import Budget, Build, Link, Provider, Section
+from policies.core.settings import (
+    ConfigError,
+    join,
+    methods,
+    number_in,
+    one_of,
+    positive_duration,
+    section,
+    whole,
+    whole_in,
+)
 from policies.latency import LatencyWindow
 from policies.profiles import VendorProfile, extract_query
-from policies.translate import Provider, Translated, ask, read_search
+from policies.translate import Translated, ask, read_search
 
 # The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
 MIN_AFTER_S = 0.001
@@ -66,7 +79,7 @@ class Hedge:
         events: Events,
         classify: Classifier = status_outcome,
         profile: VendorProfile | None = None,
-        retry_budget: RetryBudget | None = None,
+        retry_budget: Budget | None = None,
         fallback: Callable[[], Provider | None] | None = None,
     ) -> None:
         self.route = route
@@ -362,3 +375,78 @@ async def _reply_of(
 
 class _FallbackFailed(ProxyError):
     """A hedge to the fallback provider got no usable answer (never shown to an agent)."""
+
+
+# ---------------------------------------------------------------------------------------------
+# The `hedge:` section
+
+
+def _after(value: Any, path: str) -> float | str:
+    if value == "auto":
+        return "auto"
+    try:
+        return positive_duration(value, path)
+    except ConfigError:
+        raise ConfigError(path, f"expected auto or a duration like 200ms, got {value!r}") from None
+
+
+def parse(raw: Any, path: str) -> HedgeConfig:
+    return section(
+        raw,
+        path,
+        HedgeConfig,
+        {
+            "after": _after,
+            "percentile": number_in(0.5, 0.999),
+            # Each extra is one more call per slow request: more than 3 only adds load.
+            "max_extra": whole_in(1, 3),
+            "budget": lambda v, p: section(
+                v, p, HedgeBudgetConfig, {"ratio": number_in(0.0, 3.0), "min_per_s": whole}
+            ),
+            "to": one_of("same", "fallback"),
+            "methods": methods,
+        },
+    )
+
+
+def check(cfg: HedgeConfig, route: RouteConfig, path: str) -> list[ConfigError]:
+    problems = []
+    if cfg.to == "fallback" and not route.has("fallback"):
+        problems.append(
+            ConfigError(join(path, "to"), "fallback needs the route's fallback section")
+        )
+    per_try = route.timeouts.per_try
+    if cfg.after != "auto" and cfg.after >= per_try:
+        problems.append(
+            ConfigError(
+                join(path, "after"),
+                f"must be shorter than timeouts.per_try ({seconds_text(per_try)}): "
+                "the attempt times out before its hedge would be sent",
+            )
+        )
+    return problems
+
+
+SECTION = Section("hedge", parse, check)
+
+
+def build(cfg: HedgeConfig, route: Build) -> Hedge:
+    """The route's hedge; with `to: fallback` it sends hedges to the first fallback provider."""
+    fallback = route.route.section("fallback")
+    first: Callable[[], Sequence[Provider]] | None = None
+    if cfg.to == "fallback" and fallback is not None:
+        first = route.providers(fallback.providers[:1])
+    return Hedge(
+        route.route.name,
+        cfg,
+        per_try=route.route.timeouts.per_try,
+        clock=route.clock,
+        events=route.events,
+        classify=route.classify,
+        profile=route.profile,
+        retry_budget=route.retry_budget,
+        fallback=(lambda: next(iter(first()), None)) if first is not None else None,
+    )
+
+
+LINK = Link("hedge", SECTION, build)

@@ -11,7 +11,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal, Protocol, TypeAlias
+from typing import Any, Literal, Protocol, TypeAlias
 
 import structlog
 
@@ -20,7 +20,19 @@ from policies.core.clock import Clock
 from policies.core.errors import RateLimited, seconds_text
 from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
+from policies.core.profile import VendorProfile
 from policies.core.redislink import LATE, UNAVAILABLE, RedisLink
+from policies.core.section import Build, Link, Section, plain
+from policies.core.settings import (
+    one_of,
+    parse_duration,
+    parse_rate,
+    rate_text,
+    section,
+    text,
+    whole_in,
+)
+from policies.profiles import ratelimit_hint
 
 log = structlog.get_logger("search_proxy.ratelimit")
 
@@ -461,3 +473,56 @@ class RateLimit:
             f"proxy's limit, not the vendor's: the vendor plan is not exhausted); "
             f"retry in {retry}"
         )
+
+
+# ---------------------------------------------------------------------------------------------
+# The `rate_limit:` section
+
+
+def parse(raw: Any, path: str) -> RateLimitConfig:
+    return section(
+        raw,
+        path,
+        RateLimitConfig,
+        {
+            "rate": parse_rate,
+            "burst": whole_in(1, 1_000_000),
+            "key": one_of("route", "client"),
+            "client_header": text,
+            "max_clients": whole_in(1, 10_000_000),
+            "max_wait": parse_duration,
+        },
+        required=("rate", "burst"),
+    )
+
+
+def document(cfg: RateLimitConfig) -> dict[str, Any]:
+    doc: dict[str, Any] = plain(cfg)
+    doc["rate"] = rate_text(cfg.rate)
+    return doc
+
+
+SECTION = Section("rate_limit", parse, document=document)
+
+
+def profile_hint(profile: VendorProfile, clock: Clock) -> Hint:
+    """Pause the bucket when the vendor's headers say the quota is spent (before the 429)."""
+
+    def hint(reply: Reply) -> float | None:
+        found = ratelimit_hint(profile, reply.headers, now=clock.wall())
+        if found is None or found.remaining > 0:
+            return None
+        return found.reset_s
+
+    return hint
+
+
+def build(cfg: RateLimitConfig, route: Build) -> RateLimit:
+    profile = route.profile
+    hint = profile_hint(profile, route.clock) if profile and profile.ratelimit_headers else None
+    name = route.route.name
+    store = bucket_store(cfg, route.clock, route.redis, route=name, events=route.events)
+    return RateLimit(name, cfg, store, route.clock, route.events, hint=hint or quota_hint())
+
+
+LINK = Link("rate limit", SECTION, build)

@@ -11,7 +11,7 @@ from __future__ import annotations
 import random
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from policies.backoff import (
     Backoff,
@@ -31,7 +31,21 @@ from policies.core.errors import (
 )
 from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
-from policies.core.outcome import Classifier, Outcome, status_outcome
+from policies.core.outcome import RETRY_CONDITIONS, Classifier, Outcome, status_outcome
+from policies.core.section import Build, Link, Section, plain
+from policies.core.settings import (
+    ConfigError,
+    boolean,
+    fields,
+    join,
+    methods,
+    number,
+    one_of,
+    parse_duration,
+    positive_duration,
+    section,
+    whole_in,
+)
 
 
 @dataclass(frozen=True)
@@ -198,3 +212,114 @@ class Retry:
                 upstream_status=failure.status,
             )
         return failure
+
+
+# ---------------------------------------------------------------------------------------------
+# The `retry:` section
+
+# More attempts than this only multiply the load on a vendor that is already failing.
+MAX_ATTEMPTS = 10
+# The words a retry `on:` list takes besides status codes.
+RETRY_WORDS = ("429", "5xx", *RETRY_CONDITIONS)
+SERVER_ERRORS = frozenset({500, 502, 503, 504})  # what `5xx` stands for
+
+
+def parse_on(value: Any, path: str) -> tuple[frozenset[int], frozenset[Outcome]]:
+    """`on: [429, 5xx, timeout, ...]`: the statuses and the conditions retried."""
+    found: set[int] = set()
+    conditions: set[Outcome] = set()
+    if not isinstance(value, list):
+        raise ConfigError(path, f"expected a list like [429, 5xx, timeout], got {value!r}")
+    for i, item in enumerate(value):
+        item_path = f"{path}[{i}]"
+        if isinstance(item, int) and not isinstance(item, bool):
+            if not 400 <= item <= 599:
+                raise ConfigError(item_path, f"expected a 4xx or 5xx status, got {item}")
+            found.add(item)
+        elif item == "5xx":
+            found.update(SERVER_ERRORS)
+        elif item == "429":
+            found.add(429)
+        elif item in RETRY_CONDITIONS:
+            conditions.add(Outcome(item))
+        else:
+            raise ConfigError(
+                item_path,
+                f"expected a status code or one of {', '.join(RETRY_WORDS)}, got {item!r}",
+            )
+    return frozenset(found), frozenset(conditions)
+
+
+def parse_backoff(raw: Any, path: str) -> BackoffConfig:
+    cfg = section(
+        raw,
+        path,
+        BackoffConfig,
+        {
+            "initial": positive_duration,
+            "max": parse_duration,
+            "multiplier": lambda v, p: number(v, p, 1.0, 100.0),
+            "jitter": one_of("full", "decorrelated", "none"),
+        },
+    )
+    if cfg.initial > cfg.max:
+        given = raw if isinstance(raw, dict) else {}
+        key, other = ("max", "initial") if "max" in given else ("initial", "max")
+        default = "" if other in given else ", the default"
+        bound = "at least" if key == "max" else "at most"
+        shown = seconds_text(getattr(cfg, other))
+        raise ConfigError(join(path, key), f"must be {bound} backoff.{other} ({shown}{default})")
+    return cfg
+
+
+_PARSERS: dict[str, Callable[[Any, str], Any]] = {
+    "attempts": whole_in(1, MAX_ATTEMPTS),
+    "on": parse_on,
+    "backoff": parse_backoff,
+    "retry_after": lambda v, p: section(
+        v, p, RetryAfterConfig, {"honor": boolean, "max_wait": parse_duration}
+    ),
+    "budget": lambda v, p: section(v, p, BudgetConfig, {"ratio": number, "min_per_s": whole_in(0)}),
+    "methods": methods,
+}
+
+
+def parse(raw: Any, path: str) -> RetryConfig:
+    kwargs = fields(raw, path, _PARSERS)
+    if "on" in kwargs:
+        kwargs["on_statuses"], kwargs["on_conditions"] = kwargs.pop("on")
+    return RetryConfig(**kwargs)
+
+
+def document(cfg: RetryConfig) -> dict[str, Any]:
+    """The section as YAML: `on` as the list it is written as, 5xx where all four are in."""
+    doc: dict[str, Any] = plain(cfg)
+    del doc["on_statuses"], doc["on_conditions"]
+    statuses: list[int | str] = sorted(cfg.on_statuses)
+    if SERVER_ERRORS <= cfg.on_statuses:
+        statuses = [s for s in statuses if s not in SERVER_ERRORS] + ["5xx"]
+    on = [*statuses, *sorted(c.value for c in cfg.on_conditions)]
+    return {"attempts": doc.pop("attempts"), "on": on, **doc}
+
+
+SECTION = Section("retry", parse, document=document)
+
+
+def build(cfg: RetryConfig, route: Build) -> Retry:
+    """Every route runs its attempts through a Retry; without a section, one attempt."""
+    retry = Retry(
+        route.route.name,
+        cfg,
+        per_try=route.route.timeouts.per_try,
+        clock=route.clock,
+        events=route.events,
+        classify=route.classify,
+        halt=route.halt_retries,
+    )
+    # A route without a retry section has no retry budget for its hedges to share.
+    if route.route.has(SECTION.key):
+        route.retry_budget = retry.budget
+    return retry
+
+
+LINK = Link("retry", SECTION, build, default=NO_RETRY)

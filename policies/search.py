@@ -21,6 +21,8 @@ from policies.core.errors import BadRequest, ProxyError
 from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Classifier, Outcome
+from policies.core.section import Build, Link, Section
+from policies.core.settings import one_of, parse_duration, section, text, whole_in
 from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query
 from policies.simplify import simplify_query
 
@@ -187,3 +189,46 @@ class SearchRecovery(_SearchPolicy):
                 break
         flow.path, flow.query_string, flow.body = original
         return reply
+
+
+# ---------------------------------------------------------------------------------------------
+# The `search:` section
+
+
+def parse(raw: Any, path: str) -> SearchConfig:
+    return section(
+        raw,
+        path,
+        SearchConfig,
+        {
+            "vendor": text,
+            "on_empty": one_of("simplify", "pass"),
+            "max_variants": whole_in(0),
+            "max_query_chars": whole_in(1),
+            "loop_guard": parse_duration,
+        },
+        required=("vendor",),
+    )
+
+
+SECTION = Section("search", parse)
+
+
+def build_guard(cfg: SearchConfig, route: Build) -> SearchGuard | None:
+    # An MCP route's queries are tool arguments inside JSON-RPC: its tool calls are not guarded.
+    if route.profile is None or route.route.has("mcp"):
+        return None
+    return SearchGuard(
+        route.route.name, route.profile, cfg, route.classify, route.clock, route.events
+    )
+
+
+def build_recovery(cfg: SearchConfig, route: Build) -> SearchRecovery | None:
+    if route.profile is None or cfg.on_empty != "simplify":
+        return None
+    name = route.route.name
+    return SearchRecovery(name, route.profile, cfg, route.classify, route.clock, route.events)
+
+
+GUARD = Link("search guard", SECTION, build_guard)
+RECOVERY = Link("search recovery", SECTION, build_recovery)

@@ -9,7 +9,6 @@ the agent's SDK parses.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 from datetime import datetime
 from urllib.parse import parse_qsl, urlencode
@@ -18,8 +17,9 @@ import orjson
 from multidict import CIMultiDict
 
 from policies.core.errors import ProxyError
-from policies.core.flow import Flow, Handler, Reply
-from policies.core.outcome import Classifier, Outcome
+from policies.core.flow import Flow, Reply
+from policies.core.outcome import Outcome
+from policies.core.section import Provider
 from policies.profiles import (
     QueryRef,
     SearchOptions,
@@ -33,19 +33,6 @@ from policies.profiles import (
 )
 
 DEFAULT_RESULTS = 5
-
-
-@dataclass(frozen=True)
-class Provider:
-    """Another search route as seen from this one: its chain and what it needs to call it."""
-
-    name: str
-    profile: VendorProfile
-    handler: Handler
-    classify: Classifier
-    headers: tuple[tuple[str, str], ...]  # that route's configured headers (its own key)
-    total: float  # that route's timeouts.total
-    available: Callable[[], bool]  # false while its breaker is open or its key is missing
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,6 +24,7 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from policies import ratelimit
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError, StreamCut
@@ -327,7 +328,7 @@ async def proxy_request(request: web.Request) -> web.StreamResponse:
             caller.scrub(flow)  # the client token never reaches the vendor
         # An MCP tool call may run for minutes before its answer begins: stop it, and its
         # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
-        watch = _AgentWatch(request) if route.config.mcp is not None else None
+        watch = _AgentWatch(request) if route.config.has("mcp") else None
         try:
             reply = await route.handler(flow)
         finally:
@@ -699,7 +700,8 @@ def _identify_clients(state: ProxyState) -> None:
     config = state.config
     if not config.clients:
         for name, cfg in config.routes.items():
-            if cfg.rate_limit is not None and cfg.rate_limit.key == "client":
+            limit = cfg.get(ratelimit.SECTION)
+            if limit is not None and limit.key == "client":
                 log.warning(
                     "client_key_unverified",
                     route=name,

@@ -44,6 +44,7 @@ from policies.profiles import (
     with_credential,
 )
 from policies.profiles.options import MAX_DOMAINS, TIME_RANGES
+from policies.search import SECTION as SEARCH
 from policies.search import TERMINAL_STATUSES
 from proxy.config import SearchApiConfig
 from proxy.dialects import error_response
@@ -308,7 +309,7 @@ class SearchApi:
         self.routes = routes
         self.metrics = metrics
         self.max_chars = min(
-            (r.config.search.max_query_chars for r in routes.values() if r.config.search),
+            (s.max_query_chars for r in routes.values() if (s := r.config.get(SEARCH))),
             default=2000,
         )
         # The OpenAPI document of /v1/search; the MCP server's tool schemas come from it too.

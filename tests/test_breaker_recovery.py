@@ -552,7 +552,7 @@ def test_snapshots_carry_the_level_and_older_five_field_ones_still_parse() -> No
 
 def breaker_config(breaker: dict[str, Any]) -> BreakerConfig:
     raw = {"routes": {"t": {"prefix": "/t", "upstream": "https://x.example", "breaker": breaker}}}
-    cfg = parse_config(raw, {}).routes["t"].breaker
+    cfg = parse_config(raw, {}).routes["t"].section("breaker")
     assert cfg is not None
     return cfg
 

@@ -25,6 +25,7 @@ from policies.cache import (
     default_storable,
     entry_from_reply,
     freshness,
+    known_credentials,
     request_directives,
 )
 from policies.cache.key import MAX_CANONICAL_DEPTH
@@ -45,7 +46,6 @@ from policies.core.flow import Flow, Reply
 from policies.core.redislink import RedisLink
 from proxy.config import parse_config
 from proxy.errors import NotFound, Unauthorized
-from proxy.pipeline import known_credentials
 from testkit.redisserver import RedisServer
 from testkit.waiting import eventually
 

@@ -74,7 +74,7 @@ def test_defaults_and_types():
     config = parse_config(minimal(), {})
     t = config.routes["tavily"]
     assert (t.timeouts.connect, t.timeouts.per_try, t.timeouts.total) == (2.0, 10.0, 30.0)
-    assert t.retry is None and t.cache is None
+    assert t.section("retry") is None and t.section("cache") is None
     assert config.server.port == 8080 and config.server.max_body_bytes == 1024 * 1024
 
 
@@ -84,7 +84,7 @@ def test_retry_on_key_is_not_a_yaml_boolean(tmp_path):
         "routes:\n  t:\n    prefix: /t\n    upstream: http://127.0.0.1:1\n"
         "    retry: {attempts: 2, on: [429, 5xx, timeout, 418]}\n"
     )
-    retry = load_config(f, env={}).routes["t"].retry
+    retry = load_config(f, env={}).routes["t"].section("retry")
     assert retry.on_statuses == {429, 500, 502, 503, 504, 418}
     assert retry.on_conditions == {"timeout"}
 

@@ -867,7 +867,9 @@ def test_worst_case_cache_memory_fits_each_proxy_containers_memory_limit(
         path = tmp_path / f"{name}.yaml"
         path.write_text(find(docs, "ConfigMap")[0]["data"]["config.yaml"])
         config = load_config(path, env=proxy_env(docs))
-        caches = {r.name: r.cache.max_bytes for r in config.routes.values() if r.cache}
+        caches = {
+            r.name: r.section("cache").max_bytes for r in config.routes.values() if r.has("cache")
+        }
         assert caches, f"{name}: no cached routes: this check would prove nothing"
         for _, pod in pod_specs(docs):
             for container in proxy_containers(pod):

@@ -574,7 +574,7 @@ def routes(**hedge: Any) -> dict[str, Any]:
 
 def test_hedge_section_defaults_and_round_trip() -> None:
     config = parse_config(routes())
-    hedge = config.routes["tavily"].hedge
+    hedge = config.routes["tavily"].section("hedge")
     assert hedge == HedgeConfig()
     assert hedge.after == "auto" and hedge.percentile == 0.95 and hedge.max_extra == 1
     assert hedge.budget == HedgeBudgetConfig(ratio=0.05, min_per_s=1)
@@ -582,7 +582,7 @@ def test_hedge_section_defaults_and_round_trip() -> None:
         routes(after="150ms", max_extra=2, budget={"ratio": 0.1, "min_per_s": 0}, methods=["POST"])
     )
     assert parse_config(as_document(config), {}) == config
-    assert config.routes["tavily"].hedge == HedgeConfig(
+    assert config.routes["tavily"].section("hedge") == HedgeConfig(
         after=0.15,
         max_extra=2,
         budget=HedgeBudgetConfig(0.1, 0),

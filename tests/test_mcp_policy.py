@@ -113,7 +113,7 @@ def _route(**mcp: Any) -> dict[str, Any]:
 
 
 def test_config_preset_and_overrides() -> None:
-    cfg = parse_config(_route(server="tavily"), {}).routes["m"].mcp
+    cfg = parse_config(_route(server="tavily"), {}).routes["m"].section("mcp")
     assert cfg is not None
     assert "tavily_search" in cfg.idempotent_tools and dict(cfg.search_tools) == {
         "tavily_search": "query"
@@ -121,10 +121,12 @@ def test_config_preset_and_overrides() -> None:
     cfg = (
         parse_config(_route(server="tavily", idempotent_tools=["tavily_search"]), {})
         .routes["m"]
-        .mcp
+        .section("mcp")
     )
     assert cfg is not None and cfg.idempotent_tools == frozenset({"tavily_search"})
-    cfg = parse_config(_route(transient_tool_errors=["Backend DOWN"]), {}).routes["m"].mcp
+    cfg = (
+        parse_config(_route(transient_tool_errors=["Backend DOWN"]), {}).routes["m"].section("mcp")
+    )
     assert cfg is not None and cfg.transient_tool_errors == ("backend down",)
     assert cfg.idempotent_tools == frozenset()  # no preset: nothing goes through the policies
 

@@ -127,7 +127,7 @@ def route_for(config: Config, path: str) -> RouteConfig | None:
 
 
 def vendor_of(r: RouteConfig) -> str:
-    return r.search.vendor if r.search else r.name
+    return r.section("search").vendor if r.has("search") else r.name
 
 
 async def proxy(aiohttp_client: Any, vendor: FakeVendor, env: dict[str, str] | None = None) -> Any:
@@ -312,7 +312,7 @@ def test_every_readme_prefix_is_a_shipped_route_for_that_vendor() -> None:
 def test_every_shipped_search_route_has_a_readme_row() -> None:
     vendors = {row.vendor for row in sdk_table()}
     config = shipped_config("http://fake.invalid")
-    missing = {vendor_of(r) for r in config.routes.values() if r.search} - vendors
+    missing = {vendor_of(r) for r in config.routes.values() if r.has("search")} - vendors
     assert not missing, f"config.yaml routes without a README row: {sorted(missing)}"
 
 

@@ -215,11 +215,11 @@ async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
         {},
     )
     cfg = config.routes["tavily"]
-    assert cfg.retry is not None
+    assert cfg.section("retry") is not None
     clock = ManualClock()
     connector = aiohttp.TCPConnector(resolver=_NoSuchHost())
     async with aiohttp.ClientSession(connector=connector) as session:
-        retry = Retry("tavily", cfg.retry, per_try=1.0, clock=clock, events=NullEvents())
+        retry = Retry("tavily", cfg.section("retry"), per_try=1.0, clock=clock, events=NullEvents())
         handler = compose([retry], Upstream(cfg, session, clock))
         flow = Flow(
             route="tavily",

@@ -25,7 +25,7 @@ def shipped_config(vendor_url: str, env: Mapping[str, str] | None = None) -> Con
     config = load_config(SHIPPED, env=dict(env or {}))
     routes = {
         name: dataclasses.replace(
-            r, upstream=f"{vendor_url}/{r.search.vendor if r.search else name}"
+            r, upstream=f"{vendor_url}/{r.section('search').vendor if r.has('search') else name}"
         )
         for name, r in config.routes.items()
     }

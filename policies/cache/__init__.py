@@ -3,7 +3,9 @@
 Pure decisions in `key` and `entry`, byte stores in `store`, the cross-replica fetch lock in
 `lock`, and `StaleCache`, the policy, in `policy`."""
 
-from policies.cache.config import CacheConfig
+from collections.abc import Callable
+
+from policies.cache.config import SECTION, CacheConfig
 from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
 from policies.cache.key import (
     NO_KNOWN_CREDENTIALS,
@@ -22,9 +24,17 @@ from policies.cache.store import (
     TieredStore,
     build_store,
 )
+from policies.core.flow import Reply
+from policies.core.outcome import Classifier, Outcome
+from policies.core.profile import VendorProfile
+from policies.core.route import RouteConfig
+from policies.core.section import Build, Link
+from policies.profiles import credential_slot
 
 __all__ = [
+    "LINK",
     "NO_KNOWN_CREDENTIALS",
+    "SECTION",
     "CacheConfig",
     "CacheStore",
     "Cleared",
@@ -46,5 +56,44 @@ __all__ = [
     "default_storable",
     "entry_from_reply",
     "freshness",
+    "known_credentials",
     "request_directives",
 ]
+
+
+def known_credentials(route: RouteConfig, profile: VendorProfile | None) -> KnownCredentials:
+    """Where this route's requests carry credentials, for its cache key: every header it sets,
+    the profile's own search headers, and where its vendor reads the key."""
+    headers = {name.lower() for name in route.headers.set}
+    params: set[str] = set()
+    if profile is not None:
+        headers.update(name.lower() for name in profile.search_headers)
+        slot = credential_slot(profile)
+        if slot is not None:
+            (headers if slot.kind == "header" else params).add(slot.name.lower())
+    return KnownCredentials(frozenset(headers), frozenset(params))
+
+
+def _storable(classify: Classifier) -> Callable[[Reply], bool]:
+    """A search answer is cached when it is a 2xx the profile reads as results or as empty."""
+
+    def storable(reply: Reply) -> bool:
+        return 200 <= reply.status < 300 and classify(reply) in (Outcome.OK, Outcome.EMPTY)
+
+    return storable
+
+
+def build(cfg: CacheConfig, route: Build) -> StaleCache:
+    reads_answers = route.profile is not None or route.route.has("mcp")
+    return StaleCache(
+        route.route.name,
+        cfg,
+        build_store(cfg, route.redis, route.clock),
+        route.clock,
+        route.events,
+        storable=_storable(route.classify) if reads_answers else default_storable,
+        known=known_credentials(route.route, route.profile),
+    )
+
+
+LINK = Link("cache", SECTION, build)

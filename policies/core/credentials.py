@@ -6,6 +6,8 @@ A rule rather than a list, so a vendor's own header (`X-Goog-Api-Key`,
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 # A header, query parameter or field whose name contains one of these (any case) is a credential.
 CREDENTIAL_WORDS = (
     "key",
@@ -60,3 +62,18 @@ def is_credential_name(name: str) -> bool:
     if lower in NOT_CREDENTIALS:
         return False
     return any(word in lower for word in CREDENTIAL_WORDS)
+
+
+def empty_credential(name: str, value: str) -> bool:
+    """A credential header whose value is empty, or a bare scheme (`Bearer ` from an unset
+    `${VAR:-}`): not sent, so the agent's own key passes through on the route."""
+    if not is_credential_name(name):
+        return False
+    scheme, _, rest = value.strip().partition(" ")
+    return not scheme or (scheme.lower() in ("bearer", "basic", "token") and not rest.strip())
+
+
+def injects_key(headers: Mapping[str, str]) -> bool:
+    """Whether a route's `headers.set` puts a key of its own on every request (a configured
+    key left empty, an unset `${VAR:-}`, is not sent: the caller's own key is used)."""
+    return any(is_credential_name(k) and not empty_credential(k, v) for k, v in headers.items())

@@ -47,6 +47,10 @@ def _no_checks(cfg: Any, route: RouteConfig, path: str) -> Iterable[ConfigError]
     return ()
 
 
+def _no_references(cfg: Any) -> Iterable[tuple[str, str]]:
+    return ()
+
+
 @dataclass(frozen=True)
 class Section(Generic[C]):
     """A policy's section of a route (`routes.<name>.<key>`).
@@ -54,12 +58,15 @@ class Section(Generic[C]):
     - `parse(raw, path)`: the config, or ConfigError(s) naming the YAML path; bounds included.
     - `check(cfg, route, path)`: what is wrong with it next to the rest of its route (another
       section it needs, a timeout it must fit in); `path` is the section's own.
+    - `refers(cfg)`: the other routes it names as search providers, each with its path under
+      the section; the document checks they exist, search, and lead to no cycle.
     - `document(cfg)`: the YAML form that `parse` reads back into an equal config.
     """
 
     key: str
     parse: Callable[[Any, str], C]
     check: Callable[[C, RouteConfig, str], Iterable[ConfigError]] = _no_checks
+    refers: Callable[[C], Iterable[tuple[str, str]]] = _no_references
     document: Callable[[C], Any] = plain
 
 

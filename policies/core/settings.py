@@ -403,3 +403,14 @@ def given(raw: Any) -> Mapping[str, Any]:
 def default_note(raw: Any, key: str) -> str:
     """`, the default` when `key` was not written, for a reason that quotes its value."""
     return "" if key in given(raw) else ", the default"
+
+
+def rate_text(per_s: float) -> str:
+    """A rate parse_rate reads back as exactly `per_s`: whole per s, m or h if one is exact."""
+    for unit in ("s", "m", "h"):
+        count = round(per_s * DURATION_UNITS[unit])
+        if count and count / DURATION_UNITS[unit] == per_s:
+            return f"{count}/{unit}"
+    # The shortest repr reads back exactly; "f" keeps it out of exponent form, which the
+    # rate pattern does not take.
+    return f"{format(Decimal(repr(per_s)), 'f')}/s"

@@ -224,8 +224,8 @@ def test_env_var_feeds_typed_fields(tmp_path: Path) -> None:
     assert config.server.shutdown_grace == 2.5
     route = config.routes["a"]
     assert route.strip_prefix is False
-    assert route.retry is not None
-    assert (route.retry.attempts, route.retry.backoff.multiplier) == (4, 1.5)
+    assert route.section("retry") is not None
+    assert (route.section("retry").attempts, route.section("retry").backoff.multiplier) == (4, 1.5)
     with pytest.raises(ConfigError, match=r"^routes\.a\.strip_prefix: expected true or false"):
         load_config(f, env={**env, "STRIP": "no"})
 
@@ -351,7 +351,8 @@ async def test_start_up_refusal_the_parser_missed_is_a_config_error() -> None:
     """The backstop: a constructor's ValueError names the route, whatever let the value in."""
     config = parse_config(_route(), {})
     bad = RetryConfig(backoff=BackoffConfig(initial=5.0, max=1.0))
-    routes = {"a": replace(config.routes["a"], retry=bad)}
+    route = config.routes["a"]
+    routes = {"a": replace(route, sections={**route.sections, "retry": bad})}
     with pytest.raises(ConfigErrors) as info:
         await check_startup(replace(config, routes=routes))
     assert (

@@ -1,34 +1,12 @@
-"""MCP routes: a remote MCP server (streamable HTTP) behind the route's policies, per tool call.
-
-An agent's MCP client POSTs JSON-RPC messages to one endpoint and gets JSON or an SSE stream
-back (progress notifications, then the result). HTTP-level policies would cache an `initialize`
-with another client's session, or retry a whole stream. Here a route's `mcp:` section makes
-the proxy read the messages:
-
-- `tools/call` of a tool listed in `idempotent_tools` goes through the route's chain (cache,
-  breaker, search recovery, retry, rate limit) as one search would. `McpUpstream`, at the
-  bottom, relays the call's progress notifications to the agent as they arrive (`Flow.interim`)
-  and hands the chain the final JSON-RPC response, classified: a JSON-RPC error or tool error
-  the config marks transient is a 5xx, an empty search result inside the tool's content is
-  EMPTY (so the query is simplified), anything else ends the call.
-- Everything else (`initialize`, notifications, other methods, tools not known to be
-  idempotent, the GET stream, DELETE) passes straight through, never cached or coalesced.
-
-Each attempt goes upstream under an id of its own, and every answer (fresh, retried, cached,
-stale) reaches the agent under the agent's own JSON-RPC id. A failure the proxy answers
-itself is a tool error (`isError`) carrying the proxy's message for a tool call, a JSON-RPC
-error for other requests: an MCP client raises on a non-2xx answer, losing the message.
-"""
+"""The two ends of an MCP route's chain: `McpRoute`, which reads each JSON-RPC message and sends
+idempotent tool calls through the chain, and `McpUpstream`, one attempt of a tool call."""
 
 from __future__ import annotations
 
 import asyncio
 import itertools
-import json
 import secrets
 from collections.abc import AsyncIterator, Mapping
-from dataclasses import dataclass, field
-from types import MappingProxyType
 from typing import Any
 
 import structlog
@@ -36,7 +14,6 @@ from multidict import CIMultiDict
 
 from policies.core.clock import Clock
 from policies.core.errors import (
-    ClientFault,
     DeadlineExceeded,
     ProxyError,
     StreamCut,
@@ -46,193 +23,28 @@ from policies.core.errors import (
 )
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
+from policies.mcp.config import McpConfig
+from policies.mcp.messages import (
+    Cancelled,
+    SseParser,
+    assess,
+    encode,
+    is_response,
+    parse_message,
+    rpc_error,
+    sse_event,
+    tool_error,
+)
 
 log = structlog.get_logger("search_proxy.mcp")
 
-# JSON-RPC codes MCP servers use for failures that may pass: the MCP SDKs' "connection
-# closed" (-32000) and "request timed out" (-32001), and JSON-RPC's internal error.
-TRANSIENT_CODES = frozenset({-32000, -32001, -32603})
-TRANSIENT_TOOL_ERRORS = ("temporarily unavailable", "timed out", "rate limit", "try again")
-# The code of the JSON-RPC errors the proxy answers itself (implementation-defined range).
-PROXY_ERROR_CODE = -32099
+
 # Interim messages buffered between the upstream and a slow agent before the relay waits.
 INTERIM_QUEUE = 64
 # The JSON-RPC ids of upstream attempts: unique in this process, unguessable across processes
 # (never derived from anything the agent sends, such as its X-Request-Id).
 _ATTEMPT_PREFIX = f"sp-{secrets.token_hex(6)}-"
 _ATTEMPT_NUMBERS = itertools.count(1)
-
-
-class Cancelled(ClientFault):
-    """The agent cancelled its request (`notifications/cancelled`)."""
-
-    status = 499
-    type = "cancelled"
-
-
-KNOWN_SERVERS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {
-        # Tavily's remote MCP server (https://mcp.tavily.com/mcp/): read-only web tools; a
-        # search answers `{"results": [...]}` as JSON text in `content[0].text`.
-        "tavily": {
-            "idempotent_tools": ("tavily_search", "tavily_extract", "tavily_map", "tavily_crawl"),
-            "search_tools": {"tavily_search": "query"},
-        },
-    }
-)
-
-
-@dataclass(frozen=True)
-class McpConfig:
-    """A route's `mcp:` section."""
-
-    server: str | None = None  # a KNOWN_SERVERS preset the other keys default from
-    idempotent_tools: frozenset[str] = frozenset()  # cached and retried per call
-    search_tools: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
-    transient_errors: frozenset[int] = TRANSIENT_CODES
-    transient_tool_errors: tuple[str, ...] = TRANSIENT_TOOL_ERRORS
-
-
-# --- JSON-RPC and SSE ------------------------------------------------------------------------
-
-
-def parse_message(body: bytes) -> dict[str, Any] | None:
-    """One JSON-RPC message (an object), or None for anything else (a batch, junk)."""
-    try:
-        message = json.loads(body)
-    except (ValueError, RecursionError):
-        return None
-    return message if isinstance(message, dict) else None
-
-
-def encode(message: Mapping[str, Any]) -> bytes:
-    """A message as one line of compact JSON (an SSE data line cannot hold a newline)."""
-    return json.dumps(message, separators=(",", ":"), ensure_ascii=False).encode()
-
-
-def sse_event(data: bytes) -> bytes:
-    return b"event: message\ndata: " + data + b"\n\n"
-
-
-def is_response(message: Mapping[str, Any]) -> bool:
-    """A JSON-RPC response: a result, or an error object (not a vendor's `{"error": "..."}`)."""
-    if message.get("jsonrpc") != "2.0" or "method" in message:
-        return False
-    return "result" in message or isinstance(message.get("error"), dict)
-
-
-class SseParser:
-    """Server-sent events from chunks as they arrive: each complete event's data. Linear in
-    the bytes fed: a chunk is normalised once and only the new part is searched."""
-
-    def __init__(self) -> None:
-        self._buffer = bytearray()
-        self._cr = False  # the last chunk ended in CR: an LF opening the next one pairs with it
-
-    def feed(self, chunk: bytes) -> list[bytes]:
-        if self._cr and chunk.startswith(b"\n"):
-            chunk = chunk[1:]
-        self._cr = chunk.endswith(b"\r")
-        start = max(len(self._buffer) - 1, 0)  # a blank line may span the old and new bytes
-        self._buffer += chunk.replace(b"\r\n", b"\n").replace(b"\r", b"\n")
-        events: list[bytes] = []
-        begin = 0
-        while (end := self._buffer.find(b"\n\n", max(start, begin))) >= 0:
-            block = bytes(self._buffer[begin:end])
-            begin = end + 2
-            data = [
-                line[5:].removeprefix(b" ")
-                for line in block.split(b"\n")
-                if line.startswith(b"data:")
-            ]
-            if data:
-                events.append(b"\n".join(data))
-        del self._buffer[:begin]
-        return events
-
-
-def tool_error(request_id: Any, err: ProxyError) -> dict[str, Any]:
-    """A failed tool call as the agent's LLM reads it: a tool error with the proxy's message."""
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "result": {
-            "content": [{"type": "text", "text": err.message}],
-            "isError": True,
-            "_meta": {"search-proxy/error": _error_fields(err)},
-        },
-    }
-
-
-def rpc_error(request_id: Any, err: ProxyError) -> dict[str, Any]:
-    """A failed request other than a tool call: a JSON-RPC error with the proxy's message."""
-    return {
-        "jsonrpc": "2.0",
-        "id": request_id,
-        "error": {"code": PROXY_ERROR_CODE, "message": err.message, "data": _error_fields(err)},
-    }
-
-
-def _error_fields(err: ProxyError) -> dict[str, Any]:
-    fields: dict[str, Any] = {"type": err.type, "attempts": err.attempts}
-    if err.retry_after_s is not None:
-        fields["retry_after_s"] = round(err.retry_after_s, 3)
-    return fields
-
-
-def _text_of(result: Mapping[str, Any]) -> str:
-    content = result.get("content")
-    if not isinstance(content, list):
-        return ""
-    return "\n".join(
-        item["text"]
-        for item in content
-        if isinstance(item, dict) and isinstance(item.get("text"), str)
-    )
-
-
-def _is_empty_search(result: Mapping[str, Any]) -> bool:
-    """A search tool's answer with a `results` list that is empty, in `structuredContent` or
-    as JSON text in the first text content (Tavily's MCP server)."""
-    structured = result.get("structuredContent")
-    if isinstance(structured, dict) and isinstance(structured.get("results"), list):
-        return not structured["results"]
-    content = result.get("content")
-    if not isinstance(content, list) or not content or not isinstance(content[0], dict):
-        return False
-    text = content[0].get("text")
-    if not isinstance(text, str) or not text.lstrip().startswith("{"):
-        return False
-    try:
-        data = json.loads(text)
-    except (ValueError, RecursionError):
-        return False
-    return isinstance(data, dict) and data.get("results") == []
-
-
-def assess(cfg: McpConfig, tool: str, message: Mapping[str, Any]) -> Outcome:
-    """What a tool call's final JSON-RPC response means for the route's policies."""
-    error = message.get("error")
-    if isinstance(error, dict):
-        code = error.get("code")
-        return Outcome.SERVER_ERROR if code in cfg.transient_errors else Outcome.CLIENT_ERROR
-    result = message.get("result")
-    if not isinstance(result, dict):
-        return Outcome.MALFORMED
-    if result.get("isError") is True:
-        text = _text_of(result).lower()
-        transient = any(words in text for words in cfg.transient_tool_errors)
-        return Outcome.SERVER_ERROR if transient else Outcome.CLIENT_ERROR
-    if tool in cfg.search_tools and _is_empty_search(result):
-        return Outcome.EMPTY
-    return Outcome.OK
-
-
-def mcp_classifier(reply: Reply) -> Outcome:
-    """The route classifier: McpUpstream classified its replies; others go by status."""
-    if reply.outcome is None:
-        reply.outcome = Outcome.of_status(reply.status)
-    return reply.outcome
 
 
 # --- the bottom of a tool call's chain ------------------------------------------------------

@@ -1,0 +1,156 @@
+"""A whole config document: its sections, custom profiles and routes parsed independently so one
+ConfigErrors reports every mistake, then what they say of one another checked among the parts
+that parsed (a broken part is reported once, not again by whatever names it)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from policies import ratelimit, search
+from policies.core.route import RouteConfig
+from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
+from policies.profiles import BUILTIN_PROFILES
+from proxy.config.loading import interpolate_into, read_document
+from proxy.config.profiles import parse_profile
+from proxy.config.routes import check_routes, parse_route, route_config
+from proxy.config.sections import (
+    Config,
+    LogConfig,
+    McpServerConfig,
+    SearchApiConfig,
+    ServerConfig,
+    mcp_server_config,
+    parse_clients,
+    parse_log,
+    parse_mcp_server,
+    parse_redis,
+    parse_search_api,
+    parse_server,
+)
+
+TOP_LEVEL_KEYS = (
+    "server",
+    "redis",
+    "log",
+    "routes",
+    "search_api",
+    "profiles",
+    "clients",
+    "mcp_server",
+)
+_SECTION_PARSERS: dict[str, Parser] = {
+    "server": parse_server,
+    "redis": lambda v, p: None if v is None else parse_redis(v, p),
+    "log": parse_log,
+    "search_api": parse_search_api,
+    "clients": parse_clients,
+    "mcp_server": parse_mcp_server,
+}
+
+
+def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
+    """Read and validate a YAML file; every failure is a ConfigError."""
+    return parse_config(read_document(path), env)
+
+
+def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
+    """Validate a YAML document (already loaded) into a Config."""
+    env = os.environ if env is None else env
+    collect = Collector()
+    doc = interpolate_into(raw, env, "", collect)
+    interpolated = len(collect.errors)
+    unset = {error.path for error in collect.errors}
+    data = collect.keys(doc, "", TOP_LEVEL_KEYS, required=("routes",))
+    sections = collect.parse(
+        {k: v for k, v in data.items() if k in _SECTION_PARSERS}, "", _SECTION_PARSERS
+    )
+
+    profiles = dict(BUILTIN_PROFILES)
+    profiles_raw: dict[Any, Any] = {}
+    with collect.part():
+        profiles_raw = any_keys(data.get("profiles"), "profiles")
+    for name, body in profiles_raw.items():
+        with collect.part():
+            where = join("profiles", str(name))
+            if not isinstance(name, str):
+                hint = f'quote it, as in "{name}":'
+                raise ConfigError(where, f"a profile name must be a string: {hint}")
+            profiles[name] = parse_profile(name, body, where)
+    vendors = profiles.keys() | profiles_raw.keys()  # a broken profile has its own errors
+
+    routes_raw = data.get("routes", {})
+    if "routes" in data and (not isinstance(routes_raw, dict) or not routes_raw):
+        collect.add("routes", "expected a mapping of at least one route")
+        routes_raw = {}
+    routes: dict[str, RouteConfig] = {}
+    seen: dict[str, str] = {}
+    for name, body in routes_raw.items():
+        before = len(collect.errors)
+        parts = parse_route(name, body, f"routes.{name}", collect)
+        if len(collect.errors) == before:
+            routes[name] = route_config(name, parts)
+        # Checked on the sections that parsed, even when the route's others did not.
+        prefix, searching = parts.get("prefix"), parts.get(search.SECTION.key)
+        if prefix in seen:
+            collect.add(
+                f"routes.{name}.prefix",
+                f"{prefix!r} is already the prefix of route {seen[prefix]!r}",
+            )
+        elif prefix is not None:
+            seen[prefix] = name
+        if searching is not None and searching.vendor not in vendors:
+            collect.add(
+                f"routes.{name}.search.vendor",
+                f"unknown vendor {searching.vendor!r} (known: {', '.join(sorted(profiles))})",
+            )
+    collect.errors += check_routes(routes, routes_raw)
+
+    search_api = sections.get("search_api", SearchApiConfig())
+    for i, provider in enumerate(search_api.providers):
+        named = routes.get(provider)
+        if provider not in routes and provider in routes_raw:
+            continue  # that route's own errors are reported
+        if named is None or not named.has(search.SECTION.key):
+            collect.add(
+                f"search_api.providers[{i}]", f"{provider!r} is not a route with a search section"
+            )
+    if not search_api.providers:
+        ordered = tuple(r.name for r in routes.values() if r.has(search.SECTION.key))
+        search_api = replace(search_api, providers=ordered)
+
+    if data.get("clients"):  # checked even when a client is broken: it has its own errors
+        for name, route in routes.items():
+            limit = route.get(ratelimit.SECTION)
+            if limit is not None and limit.client_header is not None:
+                collect.add(
+                    f"routes.{name}.rate_limit.client_header",
+                    "with clients configured, per-client limits key on the client's name, "
+                    "never on a header the caller chooses: remove client_header",
+                )
+
+    mcp_server = McpServerConfig(enabled=False)
+    if "mcp_server" not in data or "mcp_server" in sections:  # a broken section has its errors
+        mcp_server, problems = mcp_server_config(
+            sections.get("mcp_server", {}), routes, search_api.providers
+        )
+        collect.errors += problems
+
+    # A value whose variable is unset is reported once, as unset, not also as malformed.
+    found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
+    if found:
+        raise ConfigErrors(found)
+    return Config(
+        routes=MappingProxyType(routes),
+        server=sections.get("server", ServerConfig()),
+        redis=sections.get("redis"),
+        log=sections.get("log", LogConfig()),
+        search_api=search_api,
+        profiles=MappingProxyType(profiles),
+        clients=sections.get("clients", MappingProxyType({})),
+        mcp_server=mcp_server,
+    )
