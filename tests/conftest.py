@@ -29,6 +29,7 @@ TIER_OF_MODULE = {
     "test_breaker": "unit",
     "test_breaker_e2e": "integration",
     "test_breaker_recovery": "unit",
+    "test_chain": "integration",
     "test_clients": "e2e",
     "test_cache": "unit",
     "test_cache_e2e": "integration",
