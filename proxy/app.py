@@ -8,16 +8,11 @@ them.
 
 from __future__ import annotations
 
-import asyncio
 import hashlib
 import logging
-import os
-import re
 from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 
 import aiohttp
-import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -27,58 +22,34 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from policies import ratelimit
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
-from policies.core.errors import ProxyError, StreamCut
-from policies.core.flow import Flow, Reply
+from policies.core.errors import ProxyError
+from policies.core.flow import Flow
 from policies.core.redislink import RedisLink
 from policies.quota import DailyQuota, quota_store
 from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate, keyless_routes
 from proxy.config import Config
 from proxy.dialects import error_response
-from proxy.errors import (
-    MethodNotAllowed,
-    NotFound,
-    PayloadTooLarge,
-    RequestTimeout,
-    ShuttingDown,
-)
+from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
+from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.forward import request_headers
-from proxy.guard import cut_reason
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
-from proxy.pipeline import Deps, Route, build_route
-from proxy.redact import redact_query
+from proxy.pipeline import Deps, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi, SearchTrace
+from proxy.state import STATE, ProxyState
+
+__all__ = ["STATE", "build_admin_app", "build_app", "client_identity"]
 
 log = structlog.get_logger("search_proxy")
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # Refused whatever the path: CONNECT would open a tunnel; TRACE and TRACK echo the request,
 # credentials included, back to the caller. No vendor API uses them.
 REFUSED_METHODS = frozenset({"CONNECT", "TRACE", "TRACK"})
 ROUTE_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
-
-
-@dataclass
-class ProxyState:
-    """Everything the handlers share, created at start-up and owned by the app."""
-
-    config: Config
-    clock: Clock
-    metrics: Metrics
-    routes: dict[str, Route] = field(default_factory=dict)
-    router: Router[Route] | None = None
-    search_api: SearchApi | None = None
-    admin: Admin | None = None
-    clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
-    mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
-    session: aiohttp.ClientSession | None = None
-    redis: RedisLink | None = None
-    log_requests: bool = True
-
-
-STATE = web.AppKey("state", ProxyState)
+# The route label /v1/search is counted under in the request metrics (/mcp: its path).
+SEARCH_LABEL = "/v1/search"
 
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
@@ -96,7 +67,7 @@ def client_identity(headers: CIMultiDictProxy[str]) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
 
 
-async def _read_body(request: web.Request, limit: int) -> bytes:
+async def read_body(request: web.Request, limit: int) -> bytes:
     if request.content_length is not None and request.content_length > limit:
         raise PayloadTooLarge(
             f"request body of {request.content_length} bytes exceeds the "
@@ -111,12 +82,6 @@ async def _read_body(request: web.Request, limit: int) -> bytes:
             f"request body exceeds the limit of {limit} bytes; send a smaller request"
         )
     return body
-
-
-def _request_id(request: web.Request) -> str:
-    """The agent's X-Request-Id when it is safe to log and forward, else a fresh one."""
-    rid = request.headers.get("X-Request-Id", "")
-    return rid if _REQUEST_ID.match(rid) else os.urandom(16).hex()
 
 
 def _refused_method(method: str) -> MethodNotAllowed:
@@ -142,310 +107,67 @@ def _forwarded_host(request: web.Request, headers: CIMultiDict[str]) -> CIMultiD
     return headers
 
 
-def _error_answer(
-    err: ProxyError, rid: str, route: Route | None, flow: Flow | None
-) -> web.Response:
-    """A proxy-made error in the route's vendor dialect, with what the flow knows."""
-    if flow is not None:
-        err.attempts = max(err.attempts, flow.attempts)
-        err.route = err.route or flow.route
-    elif route is not None:
-        err.route = err.route or route.name
-    vendor = route.profile.dialect if route is not None and route.profile else None
-    response = error_response(err, rid, vendor)
-    if flow is not None:
-        response.headers.update(flow.reply_headers)
-        response.headers["X-Proxy-Attempts"] = str(flow.attempts)
-    if isinstance(err, RequestTimeout | ShuttingDown):
-        response.force_close()  # the connection closes after this answer
-    return response
-
-
-@dataclass(slots=True)
-class _Sent:
-    """What of a streamed answer reached the agent: the response once its status line went
-    out, the body bytes written, the last few of them, and whether the whole body was written
-    (all but the final chunk's end)."""
-
-    response: web.StreamResponse | None = None
-    written: int = 0
-    ending: bytes = b""
-    complete: bool = False
-
-
-# The end of an event, where another may begin: a blank line (LF, CR or CRLF line ends).
-_EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n", b"\r\r\n")
-AGENT_CHECK_S = 1.0  # how often a stream being relayed looks whether its agent is still there
-
-
-class _AgentWatch:
-    """While a stream is relayed, look every AGENT_CHECK_S whether the agent's connection is
-    gone, and if so cancel the handler (logged `cut: client_gone`): otherwise a stream silent
-    for up to timeouts.idle would hold its upstream connection for an agent that left, until
-    the next chunk failed to go out. (aiohttp's handler_cancellation does this, but is off.)"""
-
-    __slots__ = ("_handle", "_loop", "_request", "_task")
-
-    def __init__(self, request: web.Request) -> None:
-        self._request = request
-        self._task = asyncio.current_task()
-        self._loop = asyncio.get_running_loop()
-        self._handle = self._loop.call_later(AGENT_CHECK_S, self._check)
-
-    def _check(self) -> None:
-        transport = self._request.transport
-        if transport is None or transport.is_closing():
-            if self._task is not None:
-                self._task.cancel()
-        else:
-            self._handle = self._loop.call_later(AGENT_CHECK_S, self._check)
-
-    def stop(self) -> None:
-        self._handle.cancel()
-
-
-async def _answer(
-    request: web.Request, reply: Reply, flow: Flow, sent: _Sent
-) -> web.StreamResponse:
-    """Turn a reply into the agent's response, streaming it chunk by chunk when it is a stream;
-    `sent` follows what of a stream went out. A stream cut mid-way (StreamCut) gets its tail
-    (`_cut_tail`) and its connection closed before StreamCut goes on."""
-    headers = reply.headers
-    headers.update(flow.reply_headers)
-    headers["X-Request-Id"] = flow.request_id
-    headers["X-Proxy-Attempts"] = str(flow.attempts)
-    if reply.stream is None:
-        return web.Response(status=reply.status, headers=headers, body=reply.body)
-    response = web.StreamResponse(status=reply.status, headers=headers)
-    watch = _AgentWatch(request)
-    try:
-        await response.prepare(request)
-        sent.response = response
-        async for chunk in reply.stream:
-            await response.write(chunk)
-            sent.written += len(chunk)
-            sent.ending = (sent.ending + chunk[-4:])[-4:]
-        sent.complete = True
-        watch.stop()
-        await response.write_eof()
-    except StreamCut as stopped:
-        watch.stop()
-        await _end_cut(request, response, reply, stopped.error, sent)
-        raise
-    finally:
-        watch.stop()
-        reply.discard()
-    return response
-
-
-def _cut_tail(reply: Reply, err: ProxyError, sent: _Sent) -> bytes:
-    """What a stream cut by `err` ends with before its connection closes: the reply's own
-    `cut_tail`, else for an event stream a final `error` event with the error's type and
-    message (already free of secrets), else nothing. Cut inside an event, the default gets
-    nothing (a tail would merge into the unfinished event); a reply's own tail is sent after a
-    blank line that ends the unfinished event."""
-    media = reply.headers.get("Content-Type", "").partition(";")[0].strip().lower()
-    sse = media == "text/event-stream"
-    inside_event = sse and sent.written and not sent.ending.endswith(_EVENT_ENDS)
-    if reply.cut_tail is not None:
-        # The reply's own tail knows its client: an MCP client drops the unfinished event
-        # (a blank line ends it) and reads the error for its request, instead of hanging.
-        try:
-            return (b"\n\n" if inside_event else b"") + reply.cut_tail(err)
-        except Exception:
-            log.exception("cut_tail_failed", route=err.route, error=err.type)
-            return b""
-    if inside_event:
-        return b""
-    if sse:
-        data = orjson.dumps({"error": {"type": err.type, "message": err.message}})
-        return b"event: error\ndata: " + data + b"\n\n"
-    return b""
-
-
-async def _end_cut(
-    request: web.Request, response: web.StreamResponse, reply: Reply, err: ProxyError, sent: _Sent
-) -> None:
-    """End a stream the upstream side cut after its status line went out: write its tail,
-    then close the connection without the final chunk, so the agent sees the answer end short."""
-    tail = _cut_tail(reply, err, sent)
-    if tail and sent.response is not None:
-        try:
-            await response.write(tail)
-            sent.written += len(tail)
-        except ConnectionError:
-            pass  # the agent is gone too; the upstream's cut is what the log line reports
-    if request.transport is not None:
-        request.transport.close()
-
-
-async def proxy_request(request: web.Request) -> web.StreamResponse:
-    """Receive, match, run the route's chain, answer; then one metrics update and one log line."""
+async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamResponse:
+    """Match the route, build the request's flow, run the route's chain, answer."""
     state = request.app[STATE]
-    clock = state.clock
-    started = clock.now()
-    rid = _request_id(request)
-    route: Route | None = None
-    flow: Flow | None = None
-    status = 500
-    cut: str | None = None  # why the proxy cut the exchange short, if it did
-    answering = False
-    sent = _Sent()
-    response: web.StreamResponse | None = None
-    try:
-        if request.method in REFUSED_METHODS:
-            raise _refused_method(request.method)
-        route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
-        route.metrics.in_flight.inc()
-        caller = None
-        if state.clients is not None:  # before anything is read, counted or sent
-            caller = await state.clients.admit(route.profile, request.headers, target.query_string)
-        body = await _read_body(request, state.config.server.max_body_bytes)
-        timeouts = route.config.timeouts
-        flow = Flow(
-            route=route.name,
-            method=request.method,
-            path=target.rest if route.config.strip_prefix else route.config.prefix + target.rest,
-            query_string=target.query_string,
-            headers=_forwarded_host(
-                request,
-                request_headers(
-                    request.headers,
-                    set_headers=route.set_headers,
-                    remove=route.remove_headers,
-                    client_ip=request.remote,
-                    proto=request.scheme,
-                    request_id=rid,
-                ),
-            ),
-            body=body,
-            request_id=rid,
-            client=caller.name if caller is not None else client_identity(request.headers),
-            deadline=started + timeouts.total,
-            started=started,
-        )
-        if caller is not None:
-            caller.scrub(flow)  # the client token never reaches the vendor
-        # An MCP tool call may run for minutes before its answer begins: stop it, and its
-        # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
-        watch = _AgentWatch(request) if route.config.has("mcp") else None
-        try:
-            reply = await route.handler(flow)
-        finally:
-            if watch is not None:
-                watch.stop()
-        status = reply.status
-        answering = True
-        response = await _answer(request, reply, flow, sent)
-    except ProxyError as err:
-        status = err.status
-        response = _error_answer(err, rid, route, flow)
-    except StreamCut as stopped:
-        if sent.response is None:  # cut before any answer began: an error answer still can
-            status = stopped.error.status
-            response = _error_answer(stopped.error, rid, route, flow)
-        else:
-            # Its status stands and `_answer` ended the connection; the log line says why.
-            # Handing aiohttp the sent response keeps it quiet: its final write finds the
-            # connection closed, which it takes as the agent gone.
-            cut = stopped.error.type
-            response = sent.response
-    except ConnectionError:
-        # The agent went away, or read nothing of a streamed answer for send_timeout.
-        transport = request.transport
-        if sent.response is None and transport is not None and not transport.is_closing():
-            status = 500
-            raise  # not the agent's connection that failed: a bug, logged with its traceback
-        why = cut_reason(request)
-        if sent.response is None:
-            status, cut = 499, why or "client_gone"
-        elif why or not sent.complete:
-            cut = why or "client_gone"  # mid-stream: the status sent stands
-        # else the agent had the whole answer and left before its last chunk's end: not a cut.
-        if transport is not None:
-            transport.close()
-        # Returned, not raised: aiohttp would log a raised one as "Error handling request". Its
-        # own final write finds the connection closed and it stops there, quietly.
-        response = sent.response or web.StreamResponse(status=499)
-    except asyncio.CancelledError:
-        # With aiohttp's handler_cancellation on, an agent leaving cancels its handler.
-        transport = request.transport
-        gone = transport is None or transport.is_closing()
-        cut = cut_reason(request) or ("client_gone" if gone else "cancelled")
-        task = asyncio.current_task()
-        if cut != "shutdown" or answering or task is None:
-            if cut == "client_gone" and sent.response is None:
-                status = 499
-            raise  # mid-stream, the status already sent stands; the log line says it was cut
-        # Outlived shutdown_grace before any answer: tell the agent rather than drop it.
-        task.uncancel()
-        stopping = ShuttingDown(
-            "the proxy is shutting down and this request outlived server.shutdown_grace; "
-            "send it again"
-        )
-        status = stopping.status
-        response = _error_answer(stopping, rid, route, flow)
-    finally:
-        elapsed = clock.now() - started
-        if route is not None:
-            route.metrics.in_flight.dec()
-            upstream_s = flow.upstream_seconds + flow.waited_seconds if flow else 0.0
-            route.metrics.observe(status, elapsed, elapsed - upstream_s)
-        if cut is not None and sent.response is not None and route is not None:
-            state.metrics.stream_cut(route.name, cut)
-        if state.log_requests:
-            written = sent.written if sent.response is not None else _body_bytes(request, response)
-            # The proxy's own error, also when it travels in a 200 (an MCP tool error).
-            error = response.headers.get("X-Proxy-Error") if response is not None else None
-            error = error or (flow.error if flow else None)
-            _log_request(request, rid, route, flow, status, elapsed, cut, written, error)
-    assert response is not None  # every branch that does not raise answers
-    return response
-
-
-def _body_bytes(request: web.Request, response: web.StreamResponse | None) -> int:
-    """The body bytes a whole (not streamed) answer carries to the agent."""
-    if response is None or request.method == "HEAD" or not isinstance(response, web.Response):
-        return 0
-    return response.content_length or 0
-
-
-def _log_request(
-    request: web.Request,
-    rid: str,
-    route: Route | None,
-    flow: Flow | None,
-    status: int,
-    elapsed: float,
-    cut: str | None = None,
-    written: int = 0,
-    error: str | None = None,
-) -> None:
-    """The one access-log line of a request; credentials are redacted by the log processor.
-    `cut`: why the proxy cut it short (shutdown, send_timeout, client_gone, or the error type
-    of an upstream stream's failure), if it did; `written`: the body bytes sent to the agent;
-    `error`: the type of the error the proxy answered, if it did."""
-    log.info(
-        "request",
-        request_id=rid,
-        route=route.name if route else None,
+    if request.method in REFUSED_METHODS:
+        raise _refused_method(request.method)
+    route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    ex.name, ex.route = route.name, route
+    ex.count_as(route.metrics)
+    caller = None
+    if state.clients is not None:  # before anything is read, counted or sent
+        caller = await state.clients.admit(route.profile, request.headers, target.query_string)
+    body = await read_body(request, state.config.server.max_body_bytes)
+    flow = ex.flow = Flow(
+        route=route.name,
         method=request.method,
-        path=request.path,
-        query=redact_query(request.query_string) if request.query_string else None,
-        status=status,
-        duration_ms=round(elapsed * 1000, 2),
-        upstream_ms=round(flow.upstream_seconds * 1000, 2) if flow else None,
-        attempts=flow.attempts if flow else 0,
-        retries=flow.retry_reasons or None if flow else None,
-        cache=flow.cache if flow else None,
-        breaker=flow.breaker if flow else None,
-        provider=flow.provider if flow else None,
-        hedges=flow.hedges or None if flow else None,
-        cut=cut,
-        bytes=written,
-        error=error,
-        rpc=flow.rpc if flow else None,
+        path=target.rest if route.config.strip_prefix else route.config.prefix + target.rest,
+        query_string=target.query_string,
+        headers=_forwarded_host(
+            request,
+            request_headers(
+                request.headers,
+                set_headers=route.set_headers,
+                remove=route.remove_headers,
+                client_ip=request.remote,
+                proto=request.scheme,
+                request_id=ex.request_id,
+            ),
+        ),
+        body=body,
+        request_id=ex.request_id,
+        client=caller.name if caller is not None else client_identity(request.headers),
+        deadline=ex.started + route.config.timeouts.total,
+        started=ex.started,
     )
+    ex.fields = lambda: _route_fields(flow)
+    if caller is not None:
+        caller.scrub(flow)  # the client token never reaches the vendor
+    # An MCP tool call may run for minutes before its answer begins: stop it, and its
+    # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
+    watch = watch_agent(request) if route.config.has("mcp") else None
+    try:
+        reply = await route.handler(flow)
+    finally:
+        if watch is not None:
+            watch.stop()
+    return await answer(request, reply, ex)
+
+
+def _route_fields(flow: Flow) -> dict[str, object]:
+    """What a route request's access line says it did; credentials are redacted by the log
+    processor."""
+    return {
+        "upstream_ms": round(flow.upstream_seconds * 1000, 2),
+        "attempts": flow.attempts,
+        "retries": flow.retry_reasons or None,
+        "cache": flow.cache,
+        "breaker": flow.breaker,
+        "provider": flow.provider,
+        "hedges": flow.hedges or None,
+        "rpc": flow.rpc,
+    }
 
 
 # ---------------------------------------------------------------------------------------------
@@ -481,115 +203,56 @@ async def metrics_endpoint(request: web.Request) -> web.Response:
     )
 
 
-async def search_endpoint(request: web.Request) -> web.Response:
-    """POST /v1/search: one normalised search across the configured providers; one access-log
-    line like every request's, with the providers tried and the vendor calls made."""
+async def search_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
+    """POST /v1/search: one normalised search across the configured providers; its access line
+    names the providers tried and the vendor calls made (`attempts`)."""
     state = request.app[STATE]
-    started = state.clock.now()
-    rid = _request_id(request)
+    ex.count_as(state.endpoint_metrics[SEARCH_LABEL])
     trace = SearchTrace()
-    status = 500
-    try:
-        if request.method != "POST":
-            err = MethodNotAllowed(
-                f"{request.method} /v1/search is not supported: send POST with a JSON body like "
-                '{"query": "..."}',
-                route="search",
-                headers={"Allow": "POST"},
-            )
-            response = error_response(err, rid)
-        else:
-            api = state.search_api
-            assert api is not None  # built at start-up, before the first request
-            gate = state.clients  # with clients: a known token as `Authorization: Bearer`
-            try:
-                caller = await gate.admit(None, request.headers, "") if gate else None
-            except ProxyError as err:
-                response = error_response(err, rid)
-            else:
-                response = await api.handle(request, rid, trace, caller.name if caller else "")
-        status = response.status
-        return response
-    except (ConnectionError, asyncio.CancelledError):
-        status = 499
-        raise
-    finally:
-        if state.log_requests:
-            _log_search(request, rid, trace, status, state.clock.now() - started)
+    ex.fields = lambda: {
+        "queries": trace.queries,
+        "providers": trace.providers or None,
+        "attempts": trace.calls,
+    }
+    if request.method != "POST":
+        raise MethodNotAllowed(
+            f"{request.method} /v1/search is not supported: send POST with a JSON body like "
+            '{"query": "..."}',
+            route="search",
+            headers={"Allow": "POST"},
+        )
+    api = state.search_api
+    assert api is not None  # built at start-up, before the first request
+    gate = state.clients  # with clients: a known token as `Authorization: Bearer`
+    caller = await gate.admit(None, request.headers, "") if gate else None
+    return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
 
 
-def _log_search(
-    request: web.Request, rid: str, trace: SearchTrace, status: int, elapsed: float
-) -> None:
-    """The access-log line of a /v1/search request: `attempts` counts its vendor calls."""
-    log.info(
-        "request",
-        request_id=rid,
-        route="search",
-        method=request.method,
-        path=request.path,
-        query=redact_query(request.query_string) if request.query_string else None,
-        status=status,
-        duration_ms=round(elapsed * 1000, 2),
-        queries=trace.queries,
-        providers=trace.providers or None,
-        attempts=trace.calls,
-    )
-
-
-async def mcp_endpoint(request: web.Request) -> web.StreamResponse:
+async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
     """The proxy's own MCP server at mcp_server.path (proxy/mcp_server.py): its access rule
-    first, then the body, bounded like every request's; one access-log line per request."""
+    first, then the body, bounded like every request's. The access line names the JSON-RPC
+    method and, for a tool call, the tool and what its search did (`attempts`: vendor calls)."""
     state = request.app[STATE]
-    started = state.clock.now()
-    rid = _request_id(request)
+    ex.count_as(state.endpoint_metrics[state.config.mcp_server.path])
     trace = McpTrace()
-    status = 500
-    try:
-        mcp = state.mcp
-        assert mcp is not None  # built with the app
-        try:
-            caller = await mcp.admit(request)
-            body = await _read_body(request, state.config.server.max_body_bytes)
-            response = await mcp.handle(request, body, rid, caller, trace)
-        except ProxyError as err:
-            response = error_response(err, rid)
-        except ConnectionError:  # the agent left before its answer: nothing more to send
-            status = 499
-            if request.transport is not None:
-                request.transport.close()
-            # Returned, not raised (aiohttp would log "Error handling request"); its own final
-            # write finds the connection closed and stops there.
-            return web.StreamResponse(status=499)
-        status = response.status
-        return response
-    except asyncio.CancelledError:
-        status = 499
-        raise
-    finally:
-        if state.log_requests:
-            _log_mcp(request, rid, trace, status, state.clock.now() - started)
-
-
-def _log_mcp(request: web.Request, rid: str, trace: McpTrace, status: int, elapsed: float) -> None:
-    """The access-log line of an /mcp request: its JSON-RPC method and, for a tool call, the
-    tool, its error type if it failed, and what its search did (`attempts`: vendor calls)."""
     search = trace.search
-    log.info(
-        "request",
-        request_id=rid,
-        route="mcp",
-        method=request.method,
-        path=request.path,
-        status=status,
-        duration_ms=round(elapsed * 1000, 2),
-        rpc=trace.rpc,
-        tool=trace.tool,
-        error=trace.error,
-        queries=search.queries or None,
-        providers=search.providers or None,
-        attempts=search.calls,
-    )
+
+    def fields() -> dict[str, object]:
+        ex.error = trace.error
+        return {
+            "rpc": trace.rpc,
+            "tool": trace.tool,
+            "queries": search.queries or None,
+            "providers": search.providers or None,
+            "attempts": search.calls,
+        }
+
+    ex.fields = fields
+    mcp = state.mcp
+    assert mcp is not None  # built with the app
+    caller = await mcp.admit(request)
+    body = await read_body(request, state.config.server.max_body_bytes)
+    return await mcp.handle(request, body, ex.request_id, caller, trace)
 
 
 async def openapi_endpoint(request: web.Request) -> web.Response:
@@ -610,7 +273,7 @@ async def admin_elsewhere(request: web.Request) -> web.Response:
         "the admin endpoints are not served on this port: they have a listener of their own "
         "(server.admin_host:server.admin_port, 127.0.0.1:8081 unless configured)"
     )
-    return error_response(err, _request_id(request))
+    return error_response(err, request_id(request))
 
 
 @web.middleware
@@ -642,7 +305,7 @@ async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamR
             )
         else:
             raise
-        return error_response(err, _request_id(request))
+        return error_response(err, request_id(request))
 
 
 # ---------------------------------------------------------------------------------------------
@@ -680,6 +343,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
     state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
     state.admin = Admin(state.routes, admin_token(state.config.server))
+    state.endpoint_metrics = {
+        label: state.metrics.route(label) for label in (SEARCH_LABEL, state.config.mcp_server.path)
+    }
     _identify_clients(state)
     for route in state.routes.values():
         if route.breaker is not None:
@@ -743,12 +409,12 @@ def build_app(
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
-    app.router.add_route("*", "/v1/search", search_endpoint)
+    app.router.add_route("*", "/v1/search", enveloped(search_endpoint, "search"))
     app.router.add_get("/openapi.json", openapi_endpoint)
     app.router.add_route("*", "/admin", admin_elsewhere)
     app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
     _mount_mcp(app, config)
-    app.router.add_route("*", "/{tail:.*}", proxy_request)
+    app.router.add_route("*", "/{tail:.*}", enveloped(proxy_request))
     return app
 
 
@@ -760,8 +426,9 @@ def _mount_mcp(app: web.Application, config: Config) -> None:
         r.prefix == path or path.startswith(r.prefix + "/") for r in config.routes.values()
     ):
         return
-    app.router.add_route("*", path, mcp_endpoint)
-    app.router.add_route("*", path + "/", mcp_endpoint)
+    endpoint = enveloped(mcp_endpoint, "mcp")
+    app.router.add_route("*", path, endpoint)
+    app.router.add_route("*", path + "/", endpoint)
 
 
 async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:

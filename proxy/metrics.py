@@ -55,11 +55,12 @@ class RouteMetrics:
         self.overhead = metrics.overhead.labels(route)
         self.in_flight = metrics.in_flight.labels(route)
 
-    def observe(self, status: int, seconds: float, overhead: float) -> None:
-        """Record one finished agent request."""
+    def observe(self, status: int, seconds: float, overhead: float | None) -> None:
+        """Record one finished agent request; `overhead` is None where it is not known."""
         self.requests[STATUS_CLASSES[min(max(status // 100, 1), 5) - 1]].inc()
         self.duration.observe(seconds)
-        self.overhead.observe(max(0.0, overhead))
+        if overhead is not None:
+            self.overhead.observe(max(0.0, overhead))
 
 
 class _OpenTime(Collector):

@@ -38,6 +38,7 @@ TIER_OF_MODULE = {
     "test_client_gate": "unit",
     "test_config": "unit",
     "test_deploy": "deploy",
+    "test_envelope": "integration",
     "test_fakemcp": "integration",
     "test_fakevendor": "integration",
     "test_hostile_config": "e2e",
