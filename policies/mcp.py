@@ -46,6 +46,8 @@ from policies.core.errors import (
 )
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
+from policies.core.profile import McpPreset
+from policies.vendors import BUILTIN
 
 log = structlog.get_logger("search_proxy.mcp")
 
@@ -70,15 +72,10 @@ class Cancelled(ClientFault):
     type = "cancelled"
 
 
-KNOWN_SERVERS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {
-        # Tavily's remote MCP server (https://mcp.tavily.com/mcp/): read-only web tools; a
-        # search answers `{"results": [...]}` as JSON text in `content[0].text`.
-        "tavily": {
-            "idempotent_tools": ("tavily_search", "tavily_extract", "tavily_map", "tavily_crawl"),
-            "search_tools": {"tavily_search": "query"},
-        },
-    }
+# The vendors' remote MCP servers a route's `mcp: {server: <vendor>}` starts from; each preset
+# is in its vendor's record (policies/vendors/).
+KNOWN_SERVERS: Mapping[str, McpPreset] = MappingProxyType(
+    {name: vendor.mcp for name, vendor in BUILTIN.items() if vendor.mcp is not None}
 )
 
 

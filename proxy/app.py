@@ -150,8 +150,7 @@ def _error_answer(
         err.route = err.route or flow.route
     elif route is not None:
         err.route = err.route or route.name
-    vendor = route.profile.dialect if route is not None and route.profile else None
-    response = error_response(err, rid, vendor)
+    response = error_response(err, rid, route.profile if route is not None else None)
     if flow is not None:
         response.headers.update(flow.reply_headers)
         response.headers["X-Proxy-Attempts"] = str(flow.attempts)

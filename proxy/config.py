@@ -25,6 +25,7 @@ from policies.cache import CacheConfig
 from policies.core.credentials import is_credential_name
 from policies.core.errors import seconds_text
 from policies.core.outcome import RETRY_CONDITIONS, Outcome
+from policies.core.profile import McpPreset
 from policies.core.route import HeaderRules, Timeouts, parse_headers, parse_timeouts
 from policies.core.settings import (
     DURATION_UNITS as _DURATION_UNITS,
@@ -96,9 +97,6 @@ from policies.core.settings import (
     section as _section,
 )
 from policies.core.settings import (
-    status as _status,
-)
-from policies.core.settings import (
     statuses as _statuses,
 )
 from policies.core.settings import (
@@ -113,16 +111,11 @@ from policies.core.settings import (
 from policies.failover import FallbackConfig
 from policies.hedge import HedgeBudgetConfig, HedgeConfig
 from policies.mcp import KNOWN_SERVERS, McpConfig
-from policies.profiles import (
-    BUILTIN_PROFILES,
-    QUERY_KINDS,
-    ProfileError,
-    QueryLocation,
-    VendorProfile,
-)
+from policies.profiles import BUILTIN_PROFILES, VendorProfile
 from policies.ratelimit import RateLimitConfig
 from policies.retry import BackoffConfig, BudgetConfig, RetryAfterConfig, RetryConfig
 from policies.search import SearchConfig
+from policies.vendors.custom import parse_profile, profile_document
 from proxy.redact import REDACTED, redact_url
 
 T = TypeVar("T")
@@ -624,7 +617,7 @@ def _tool_name(value: Any, path: str) -> str:
 def _mcp(raw: Any, path: str) -> McpConfig:
     """A route's `mcp:` section; `server:` names a preset (KNOWN_SERVERS) the rest overrides."""
     given = raw if isinstance(raw, dict) else {}
-    preset: Mapping[str, Any] = {}
+    preset = McpPreset()
     if "server" in given:
         server = _choice(given["server"], _join(path, "server"), tuple(KNOWN_SERVERS))
         preset = KNOWN_SERVERS[server]
@@ -659,9 +652,9 @@ def _mcp(raw: Any, path: str) -> McpConfig:
             "transient_tool_errors": phrases,
         },
     )
-    idempotent = fields.get("idempotent_tools", frozenset(preset.get("idempotent_tools", ())))
+    idempotent = fields.get("idempotent_tools", frozenset(preset.idempotent_tools))
     # The preset's search tools that are still idempotent (a narrowed list drops the others).
-    searches = {k: v for k, v in preset.get("search_tools", {}).items() if k in idempotent}
+    searches = {k: v for k, v in preset.search_tools.items() if k in idempotent}
     defaults = {"idempotent_tools": idempotent, "search_tools": MappingProxyType(searches)}
     cfg = McpConfig(**{**defaults, **fields})
     for tool in cfg.search_tools:
@@ -854,160 +847,6 @@ def _mcp_server_config(
 
 
 # ---------------------------------------------------------------------------------------------
-# Vendor profiles
-
-
-def _dotted(value: Any, path: str, *, allow_body: bool) -> tuple[str, ...]:
-    """`data.items` as keys; `""` (the body itself) only where `allow_body`."""
-    keys = tuple(value.split(".")) if isinstance(value, str) and value else ()
-    if not isinstance(value, str) or "" in keys or not (keys or allow_body):
-        raise ConfigError(path, f"expected a dotted path, got {value!r}")
-    return keys
-
-
-def _dotted_list(value: Any, path: str, *, allow_body: bool) -> tuple[tuple[str, ...], ...]:
-    if not isinstance(value, list):
-        return (_dotted(value, path, allow_body=allow_body),)
-    if not value:
-        raise ConfigError(path, "expected a dotted path or a list of them, got []")
-    return tuple(_dotted(v, f"{path}[{i}]", allow_body=allow_body) for i, v in enumerate(value))
-
-
-def _field_names(value: Any, path: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        return (_str(value, path),)
-    if not isinstance(value, list) or not value:
-        raise ConfigError(path, f"expected a field name or a list of them, got {value!r}")
-    return _str_list(value, path)
-
-
-def _codes_by_status(value: Any, path: str) -> dict[int, frozenset[str]]:
-    if not isinstance(value, dict):
-        raise ConfigError(
-            path, f"expected a mapping of status code to a list of body codes, got {value!r}"
-        )
-    out: dict[int, frozenset[str]] = {}
-    for raw_status, codes in value.items():
-        where = _join(path, str(raw_status))
-        status = _status(raw_status, where)
-        out[status] = frozenset(_str_list([codes] if isinstance(codes, str) else codes, where))
-    return out
-
-
-def _query_locations(value: Any, path: str) -> tuple[QueryLocation, ...]:
-    if not isinstance(value, list) or not value:
-        raise ConfigError(
-            path, f"expected a list of {{json|query|form|path: field}} mappings, got {value!r}"
-        )
-    locations = []
-    for i, item in enumerate(value):
-        where = f"{path}[{i}]"
-        if not isinstance(item, dict) or len(item) != 1:
-            raise ConfigError(
-                where, f"expected one of json, query, form, path mapped to a field, got {item!r}"
-            )
-        ((kind, name),) = item.items()
-        where = _join(where, str(kind))
-        if kind not in QUERY_KINDS:
-            raise ConfigError(where, "unknown location kind (json, query, form, path)")
-        name = _str(name, where)
-        try:
-            locations.append(QueryLocation(kind, name))
-        except ValueError as exc:  # the location's own rules, e.g. a path prefix ends in /
-            raise ConfigError(where, str(exc)) from None
-    return tuple(locations)
-
-
-def _search_method(value: Any, path: str) -> str:
-    if not isinstance(value, str) or value.upper() not in ("GET", "POST"):
-        raise ConfigError(path, f"expected GET or POST, got {value!r}")
-    return value.upper()
-
-
-def _search_path(value: Any, path: str) -> str:
-    if not isinstance(value, str) or not value.startswith("/"):
-        raise ConfigError(path, f"expected a path starting with '/', got {value!r}")
-    return value
-
-
-def _str_keyed(value: Any, path: str) -> dict[str, Any]:
-    if not isinstance(value, dict) or not all(isinstance(k, str) for k in value):
-        raise ConfigError(path, f"expected a mapping with string keys, got {value!r}")
-    return dict(value)
-
-
-def _str_values(value: Any, path: str) -> dict[str, str]:
-    return {k: _str(v, _join(path, k)) for k, v in _str_keyed(value, path).items()}
-
-
-# YAML key -> (VendorProfile field, parser), in the order they are checked.
-_PROFILE_PARSERS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
-    "query": ("query_locations", _query_locations),
-    "results": ("results_paths", lambda v, p: _dotted_list(v, p, allow_body=True)),
-    "url": ("url_fields", _field_names),
-    "title": ("title_fields", _field_names),
-    "snippet": ("snippet_fields", _field_names),
-    "missing_results_is_empty": ("missing_results_is_empty", _bool),
-    "non_json_ok": ("non_json_ok", _bool),
-    "empty_when_body_field": ("empty_when_body_field", _optional(_str)),
-    "empty_status_codes": ("empty_status_codes", _codes_by_status),
-    "terminal_statuses": ("terminal_statuses", _statuses),
-    "terminal_body_codes": ("terminal_body_codes", _codes_by_status),
-    "error_code_paths": ("error_code_paths", lambda v, p: _dotted_list(v, p, allow_body=False)),
-    "ratelimit_headers": ("ratelimit_headers", _bool),
-    "search_method": ("search_method", _search_method),
-    "search_path": ("search_path", _optional(_search_path)),
-    "max_results_field": ("max_results_field", _optional(_str)),
-    "max_results_cap": ("max_results_cap", _optional(lambda v, p: _int(v, p, 1))),
-    "search_extra": ("search_extra", _str_keyed),
-    "search_headers": ("search_headers", _str_values),
-}
-
-
-def _profile(name: str, raw: Any, path: str) -> VendorProfile:
-    """Build a custom vendor profile from its YAML mapping. Accepted keys:
-
-    - ``extends``: a built-in profile name to start from; the other keys override it.
-    - ``query``: list of one-key mappings ``{json|query|form|path: field}``, tried in order
-      (json fields may be dotted; a path location's field is its prefix, e.g. ``/``).
-    - ``results``: dotted path of the result list (``""`` = the body itself), or a list of
-      alternatives tried in order.
-    - ``url``, ``title``, ``snippet``: result field name, or a list of candidates
-      (defaults ``url``, ``title``, ``snippet``).
-    - ``missing_results_is_empty``: bool (default false): an absent list means EMPTY, not MALFORMED.
-    - ``non_json_ok``: bool (default false): a 2xx non-JSON body counts as OK.
-    - ``empty_when_body_field``: top-level field whose presence on a 2xx means EMPTY.
-    - ``empty_status_codes``: ``{status: [body codes]}`` that mean EMPTY.
-    - ``terminal_statuses``: list of statuses that are never worth retrying.
-    - ``terminal_body_codes``: ``{status: [body codes]}`` that are never worth retrying.
-    - ``error_code_paths``: dotted path, or list of them, where the body's error code lives.
-    - ``ratelimit_headers``: bool: the vendor sends X-RateLimit-Remaining / X-RateLimit-Reset.
-    - ``search_method`` (GET or POST, default POST), ``search_path``, ``max_results_field``,
-      ``max_results_cap``, ``search_extra`` (fixed params or body fields), ``search_headers``:
-      how to run a normalised search on this vendor.
-
-    ``query`` and ``results`` are required unless ``extends`` is given.
-    """
-    parsers = {key: parse for key, (_, parse) in _PROFILE_PARSERS.items()}
-    parsers["extends"] = lambda v, p: _choice(v, p, tuple(sorted(BUILTIN_PROFILES)))
-    collect = _Collector()
-    data = collect.parse(collect.keys(raw, path, tuple(parsers)), path, parsers)
-    if isinstance(raw, dict) and "extends" not in raw:
-        for key in ("query", "results"):
-            if key not in raw:
-                collect.add(_join(path, key), "required key is missing (or use extends)")
-    collect.raise_any()
-    kwargs = {attr: data[key] for key, (attr, _) in _PROFILE_PARSERS.items() if key in data}
-    base = BUILTIN_PROFILES[data["extends"]] if "extends" in data else None
-    try:
-        if base is not None:
-            return replace(base, name=name, family=base.dialect, **kwargs)
-        return VendorProfile(name=name, **kwargs)
-    except ProfileError as exc:  # a rule across keys, e.g. a GET search needs a query location
-        raise ConfigError(_join(path, exc.key), exc.reason) from None
-
-
-# ---------------------------------------------------------------------------------------------
 # Whole documents
 
 
@@ -1068,7 +907,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
             if not isinstance(name, str):
                 hint = f'quote it, as in "{name}":'
                 raise ConfigError(where, f"a profile name must be a string: {hint}")
-            profiles[name] = _profile(name, body, where)
+            profiles[name] = parse_profile(name, body, where)
     vendors = profiles.keys() | profiles_raw.keys()  # a broken profile has its own errors
 
     routes_raw = data.get("routes", {})
@@ -1328,7 +1167,7 @@ def as_document(config: Config) -> dict[str, Any]:
     doc["mcp_server"] = _plain(config.mcp_server)
     doc["routes"] = {name: _route_document(route) for name, route in config.routes.items()}
     custom = {
-        name: _profile_document(profile)
+        name: profile_document(profile)
         for name, profile in config.profiles.items()
         if BUILTIN_PROFILES.get(name) != profile
     }
@@ -1434,26 +1273,3 @@ def _rate_text(per_s: float) -> str:
     # The shortest repr reads back exactly; "f" keeps it out of exponent form, which the
     # rate pattern does not take.
     return f"{format(Decimal(repr(per_s)), 'f')}/s"
-
-
-def _dotted_text(paths: tuple[tuple[str, ...], ...]) -> list[str]:
-    return [".".join(keys) for keys in paths]
-
-
-# VendorProfile field -> its YAML form, where _plain's is not what the profile parser takes.
-_PROFILE_SHOWN: dict[str, Callable[[Any], Any]] = {
-    "query_locations": lambda locations: [{loc.kind: loc.field} for loc in locations],
-    "results_paths": _dotted_text,
-    "error_code_paths": _dotted_text,
-}
-
-
-def _profile_document(profile: VendorProfile) -> dict[str, Any]:
-    """A profile as the keys of _PROFILE_PARSERS, written out in full (no `extends`)."""
-    doc: dict[str, Any] = {}
-    for key, (attr, _) in _PROFILE_PARSERS.items():
-        value = getattr(profile, attr)
-        if value is None or (attr == "error_code_paths" and not value):
-            continue  # the default, and a value the parser has no spelling for
-        doc[key] = _PROFILE_SHOWN.get(attr, _plain)(value)
-    return doc

@@ -186,7 +186,7 @@ def empty_credential(name: str, value: str) -> bool:
 
 def known_credentials(cfg: RouteConfig, profile: VendorProfile | None) -> KnownCredentials:
     """Where this route's requests carry credentials, for its cache key: every header it sets,
-    the profile's own search headers, and where its vendor reads the key (CREDENTIAL_SLOTS)."""
+    the profile's own search headers, and where its vendor reads the key (its key slot)."""
     headers = {name.lower() for name in cfg.headers.set}
     params: set[str] = set()
     if profile is not None:
