@@ -2,18 +2,32 @@
 this module (written as a policies/vendors/ module would be), is registered with one line and
 then served end to end by a real proxy in front of a fake ACME server on loopback: its route
 recovers searches, its errors come in its shape (also on a custom profile extending it), and
-/v1/search uses it with its options, details and key slot."""
+/v1/search uses it with its options, details and key slot. The README's "Adding a vendor" diff
+is this very vendor, and applies to the registry as it is."""
 
 from __future__ import annotations
 
+import dataclasses
+import json
+import re
+from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 import pytest
 from aiohttp import web
 
-from policies.core.errors import ProxyError
-from policies.core.options import OptionField, VendorOptions, lower, read_code, table
+import policies.vendors
+from policies.core.errors import ProxyError, RateLimited
+from policies.core.options import (
+    NO_OPTIONS,
+    OptionField,
+    SearchOptions,
+    VendorOptions,
+    lower,
+    read_code,
+    table,
+)
 from policies.core.profile import (
     AnswerTemplate,
     CredentialSlot,
@@ -21,13 +35,14 @@ from policies.core.profile import (
     QueryLocation,
     VendorProfile,
 )
+from policies.profiles import build_search, read_options
 from policies.vendors import BUILTIN
 from tests.conftest import route
 
 # --- The vendor: what policies/vendors/acme.py would hold ---------------------------------------
 
 
-def _acme_error(err: ProxyError, request_id: str) -> dict[str, Any]:
+def _error_body(err: ProxyError, request_id: str) -> dict[str, Any]:
     return {"fault": {"kind": err.type, "text": err.message, "request": request_id}}
 
 
@@ -53,7 +68,7 @@ ACME = VendorProfile(
     ),
     details=DetailFields(score=("relevance",), published=("published_at",)),
     answer=AnswerTemplate(envelope={"object": "acme.results", "echo": "$query"}),
-    error_shape=_acme_error,
+    error_shape=_error_body,
 )
 
 
@@ -179,3 +194,66 @@ async def test_v1_search_uses_it_with_its_options_details_and_key(
     headers, sent = fake.received[-1]
     assert sent == {"ask": {"text": "rocket skates"}, "limit": 2, "recency": "7d", "market": "de"}
     assert headers["X-Acme-Key"] == "acme-key-1"
+
+
+# --- The README's diff ------------------------------------------------------------------------
+
+README = Path(__file__).resolve().parent.parent / "README.md"
+HUNK = re.compile(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@")
+
+
+def readme_diff() -> dict[str, list[list[str]]]:
+    """The "Adding a vendor" diff of the README: each file's hunks, as their lines."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index("\n### Adding a vendor\n")
+    match = re.search(r"```diff\n(.*?)```", text[start:], re.S)
+    assert match, "README: no diff under 'Adding a vendor'"
+    files: dict[str, list[list[str]]] = {}
+    hunks: list[list[str]] = []
+    for line in match.group(1).splitlines():
+        if line.startswith("diff --git a/"):
+            hunks = files.setdefault(line.split()[2].removeprefix("a/"), [])
+        elif line.startswith("@@"):
+            hunks.append([line])
+        elif hunks and not line.startswith(("---", "+++")):
+            hunks[-1].append(line)
+    return files
+
+
+def test_the_readme_adds_this_vendor_in_one_new_module_and_two_registry_lines() -> None:
+    files = readme_diff()
+    assert set(files) == {"policies/vendors/acme.py", "policies/vendors/__init__.py"}
+    registry = Path(policies.vendors.__file__).read_text(encoding="utf-8").splitlines()
+    added: dict[str, list[str]] = {}
+    for name, hunks in files.items():
+        for header, *lines in hunks:
+            match = HUNK.match(header)
+            assert match, header
+            old_start, old_count, _, new_count = (int(n) for n in match.groups())
+            old = [line[1:] for line in lines if not line.startswith("+")]
+            new = [line[1:] for line in lines if not line.startswith("-")]
+            assert (len(old), len(new)) == (old_count, new_count), header
+            if name.endswith("__init__.py"):  # it applies to the registry as it is now
+                assert registry[old_start - 1 : old_start - 1 + old_count] == old, header
+            added.setdefault(name, []).extend(line[1:] for line in lines if line[:1] == "+")
+    assert [line.strip() for line in added["policies/vendors/__init__.py"]] == [
+        "from policies.vendors.acme import ACME",
+        "ACME,",
+    ]
+    namespace: dict[str, Any] = {}
+    exec(
+        compile("\n".join(added["policies/vendors/acme.py"]), "README: acme.py", "exec"), namespace
+    )
+    shown = namespace["ACME"]
+    # The data alike; the functions (its error shape, its option converters) doing the same.
+    functions = {"error_shape": None, "options": NO_OPTIONS}
+    assert dataclasses.replace(shown, **functions) == dataclasses.replace(ACME, **functions)
+    err = RateLimited("acme: the route's rate limit is reached")
+    assert shown.error_shape(err, "req-1") == ACME.error_shape(err, "req-1")
+    assert shown.options.fields.keys() == ACME.options.fields.keys()
+    for time_range in ("day", "week", "month", "year"):
+        options = SearchOptions(time_range=time_range, country="DE")
+        request, dropped = build_search(shown, "q", options)
+        assert (request, dropped) == build_search(ACME, "q", options)
+        sent = json.dumps(request.json_body).encode()
+        assert read_options(shown, "POST", request.path, {}, sent) == options
