@@ -1,9 +1,6 @@
-"""Writing unified search options into a vendor's search request, and reading them back out of
-a request in the vendor's own shape, by the option table of the vendor's record.
-
-`apply_options` names the options a vendor cannot honour; `read_options` is its inverse. Both are
-pure: relative time ranges are computed from an injected `now`.
-"""
+"""Unified search options written into a vendor's search request (`apply_options`, naming what
+it cannot honour) and read back out of one in its own shape (`read_options`), by the option
+table of the vendor's record. Pure: relative time ranges count back from an injected `now`."""
 
 from __future__ import annotations
 
