@@ -21,8 +21,7 @@ from multidict import CIMultiDictProxy
 
 from policies.core.errors import QuotaExceeded
 from policies.core.flow import Flow
-from policies.profiles import VendorProfile, credential_slot
-from policies.profiles.query import CredentialSlot
+from policies.profiles import CredentialSlot, VendorProfile, credential_slot
 from policies.quota import DailyQuota
 from proxy.config import ClientConfig, ConfigError, ConfigErrors
 from proxy.errors import Unauthorized

@@ -5,29 +5,20 @@ and `error.message`; scavio: `error.message`; exa-py: the raw body), and some re
 reason phrase (requests' `raise_for_status`, LangChain's async Tavily tool). So an error on a
 route with a vendor profile is answered in that vendor's body shape, with the message as the
 reason phrase too. The proxy's structured fields travel beside it: the `X-Proxy-Error` header
-(the error type) and a `search_proxy` key in the body, which no SDK reads.
+(the error type) and a `search_proxy` key in the body, which no SDK reads. Each vendor's shape
+is in its record (policies/vendors/); this module builds the response around it.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import orjson
 from aiohttp import web
 
-from policies.core.errors import (
-    BadRequest,
-    ClientFault,
-    DeadlineExceeded,
-    ProxyError,
-    RateLimited,
-    UpstreamRetryAfterTooLong,
-    UpstreamTimeout,
-)
+from policies.core.errors import ProxyError
+from policies.core.profile import VendorProfile
 
-# (error, request id) -> the vendor-shaped body
-Shape = Callable[[ProxyError, str], dict[str, Any]]
 MAX_REASON = 300  # every client seen keeps a reason phrase this long intact
 
 
@@ -39,98 +30,9 @@ def reason_phrase(err: ProxyError) -> str:
     return text if len(text) <= MAX_REASON else text[: MAX_REASON - 3] + "..."
 
 
-def _rate_limited(err: ProxyError) -> bool:
-    return isinstance(err, RateLimited | UpstreamRetryAfterTooLong)
-
-
-def _tavily(err: ProxyError, rid: str) -> dict[str, Any]:
-    # Never an `error.code` here: tavily-python reads that as its keyless-limit error.
-    return {"detail": {"error": err.message}}
-
-
-def _exa(err: ProxyError, rid: str) -> dict[str, Any]:
-    return {"requestId": rid, "error": err.message, "tag": err.type.upper()}
-
-
-def _linkup_code(err: ProxyError) -> str:
-    # linkup-sdk picks its exception class by status and this code.
-    if _rate_limited(err):
-        return "TOO_MANY_REQUESTS"
-    if isinstance(err, DeadlineExceeded | UpstreamTimeout):
-        return "REQUEST_DEADLINE_EXCEEDED"
-    if isinstance(err, BadRequest):
-        return "INVALID_REQUEST"
-    if isinstance(err, ClientFault):
-        return err.type.upper()
-    return "SERVICE_UNAVAILABLE"
-
-
-def _linkup(err: ProxyError, rid: str) -> dict[str, Any]:
-    return {
-        "statusCode": err.status,
-        "error": {"code": _linkup_code(err), "message": err.message, "details": []},
-    }
-
-
-def _scavio(err: ProxyError, rid: str) -> dict[str, Any]:
-    return {"error": {"code": err.type, "message": err.message}}
-
-
-def _brave(err: ProxyError, rid: str) -> dict[str, Any]:
-    code = "RATE_LIMITED" if _rate_limited(err) else err.type.upper()
-    return {
-        "type": "ErrorResponse",
-        "error": {
-            "id": rid,
-            "status": err.status,
-            "code": code,
-            "detail": err.message,
-            "meta": {"component": "search-proxy"},
-        },
-    }
-
-
-def _serper(err: ProxyError, rid: str) -> dict[str, Any]:
-    return {"message": err.message, "statusCode": err.status}
-
-
-def _serpapi(err: ProxyError, rid: str) -> dict[str, Any]:
-    return {"error": err.message}
-
-
-def _jina(err: ProxyError, rid: str) -> dict[str, Any]:
-    name = "TooManyRequestsError" if _rate_limited(err) else "ServiceUnavailableError"
-    return {
-        "data": None,
-        "code": err.status,
-        "name": name,
-        "status": err.status * 100,
-        "message": err.message,
-        "readableMessage": err.message,
-    }
-
-
-def _firecrawl(err: ProxyError, rid: str) -> dict[str, Any]:
-    return {"success": False, "error": err.message}
-
-
-# Keyed by vendor profile name; SearXNG has no JSON error shape of its own.
-SHAPES: dict[str, Shape] = {
-    "tavily": _tavily,
-    "exa": _exa,
-    "linkup": _linkup,
-    "scavio": _scavio,
-    "brave": _brave,
-    "serper": _serper,
-    "serpapi": _serpapi,
-    "jina": _jina,
-    "firecrawl": _firecrawl,
-}
-
-
-def error_body(err: ProxyError, request_id: str, vendor: str | None) -> dict[str, Any]:
+def error_body(err: ProxyError, request_id: str, profile: VendorProfile | None) -> dict[str, Any]:
     """The body: the vendor's shape with our fields under `search_proxy`, or our own shape."""
-    shape = SHAPES.get(vendor) if vendor is not None else None
+    shape = profile.error_shape if profile is not None else None
     if shape is None:
         return err.payload()
     body = shape(err, request_id)
@@ -138,16 +40,18 @@ def error_body(err: ProxyError, request_id: str, vendor: str | None) -> dict[str
     return body
 
 
-def error_response(err: ProxyError, request_id: str, vendor: str | None = None) -> web.Response:
-    """Every proxy-made failure: status, reason phrase, headers and body, in `vendor`'s dialect
-    when the route has one (our generic `{"error": {...}}` otherwise)."""
+def error_response(
+    err: ProxyError, request_id: str, profile: VendorProfile | None = None
+) -> web.Response:
+    """Every proxy-made failure: status, reason phrase, headers and body, in the error shape of
+    the route's vendor record when it has one (our generic `{"error": {...}}` otherwise)."""
     headers = err.response_headers()
     headers["X-Request-Id"] = request_id
     headers["X-Proxy-Error"] = err.type
     return web.Response(
         status=err.status,
         reason=reason_phrase(err),
-        body=orjson.dumps(error_body(err, request_id, vendor)),
+        body=orjson.dumps(error_body(err, request_id, profile)),
         content_type="application/json",
         headers=headers,
     )

@@ -234,8 +234,7 @@ def error_answer(err: ProxyError, ex: Exchange) -> web.Response:
         err.route = err.route or flow.route
     elif route is not None:
         err.route = err.route or route.name
-    vendor = route.profile.dialect if route is not None and route.profile else None
-    response = error_response(err, ex.request_id, vendor)
+    response = error_response(err, ex.request_id, route.profile if route is not None else None)
     if flow is not None:
         response.headers.update(flow.reply_headers)
         response.headers["X-Proxy-Attempts"] = str(flow.attempts)

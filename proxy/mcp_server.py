@@ -39,7 +39,7 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Scope
 
 from policies.core.errors import BadRequest, ProxyError
-from policies.profiles.options import OPTION_NAMES
+from policies.core.options import OPTION_NAMES
 from proxy import __version__
 from proxy.clients import Caller, ClientGate, is_loopback_host
 from proxy.config import McpServerConfig

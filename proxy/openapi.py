@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from policies.profiles import TIME_RANGES, TOPICS
-from policies.profiles.options import OPTION_NAMES, VENDOR_OPTIONS
+from policies.profiles import BUILTIN_PROFILES, OPTION_NAMES, TIME_RANGES, TOPICS
 
 VERSION = "1.0.0"
 
@@ -21,7 +20,8 @@ def option_support() -> dict[str, list[str]]:
     """Vendor -> the unified options it honours besides max_results, in OPTION_NAMES order;
     "topic (general only)" where news is dropped (general is every vendor's default)."""
     out: dict[str, list[str]] = {}
-    for vendor, table in VENDOR_OPTIONS.items():
+    for vendor, profile in BUILTIN_PROFILES.items():
+        table = profile.options
         names = [n for n in OPTION_NAMES[1:] if n in table.fields or n == "topic"]
         out[vendor] = [
             "topic (general only)" if n == "topic" and n not in table.fields else n for n in names

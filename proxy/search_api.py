@@ -31,6 +31,7 @@ from policies.core.clock import Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import BadRequest, CircuitOpen, ProxyError, seconds_text
 from policies.core.flow import CallBudget, Flow
+from policies.core.options import MAX_DOMAINS, TIME_RANGES
 from policies.core.outcome import Outcome
 from policies.profiles import (
     OptionError,
@@ -43,7 +44,6 @@ from policies.profiles import (
     normalize_results,
     with_credential,
 )
-from policies.profiles.options import MAX_DOMAINS, TIME_RANGES
 from policies.search import SECTION as SEARCH
 from policies.search import TERMINAL_STATUSES
 from proxy.config import SearchApiConfig

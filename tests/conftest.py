@@ -63,6 +63,8 @@ TIER_OF_MODULE = {
     "test_search_e2e": "integration",
     "test_streams": "integration",
     "test_search_options": "unit",
+    "test_vendors": "unit",
+    "test_added_vendor": "integration",
     "test_simplify": "unit",
     "test_mcp_policy": "unit",
     "test_mcp_route": "integration",

@@ -23,8 +23,8 @@ from policies.mcp import (
 from proxy.config import ConfigErrors, parse_config
 
 TAVILY = McpConfig(
-    idempotent_tools=frozenset(KNOWN_SERVERS["tavily"]["idempotent_tools"]),
-    search_tools=KNOWN_SERVERS["tavily"]["search_tools"],
+    idempotent_tools=frozenset(KNOWN_SERVERS["tavily"].idempotent_tools),
+    search_tools=KNOWN_SERVERS["tavily"].search_tools,
 )
 
 

@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from policies.core.options import range_since
 from policies.profiles import (
     BUILTIN_PROFILES,
     OPTION_NAMES,
@@ -24,7 +25,7 @@ from policies.profiles import (
     with_credential,
 )
 from policies.profiles.details import parse_date
-from policies.profiles.options import TAVILY_COUNTRIES, range_since
+from policies.vendors.tavily import TAVILY_COUNTRIES
 from proxy.config import ConfigError, parse_config
 
 P = BUILTIN_PROFILES
@@ -252,7 +253,13 @@ def test_options_that_exclude_each_other_drop_the_second():
 def test_a_custom_profile_uses_the_table_of_the_vendor_it_extends():
     mine = dataclasses.replace(P["tavily"], name="my-tavily", family="tavily")
     assert build(mine, time_range="day")[1] == ()
-    alien = dataclasses.replace(P["tavily"], name="acme", family="")
+    # Written from scratch (no `extends`): the same fields, none of Tavily's record.
+    alien = VendorProfile(
+        name="acme",
+        query_locations=P["tavily"].query_locations,
+        results_paths=P["tavily"].results_paths,
+        search_path=P["tavily"].search_path,
+    )
     assert build(alien, time_range="day", topic="general")[1] == ("time_range",)
 
 

@@ -231,6 +231,12 @@ class StreamCut(Exception):
         self.error = error
 
 
+def is_rate_limit(err: ProxyError) -> bool:
+    """A 429 of the proxy's: its limiter or a quota refused, or the vendor asked for a longer
+    wait than the route allows. Vendors' error shapes give it their own rate-limit code."""
+    return isinstance(err, RateLimited | UpstreamRetryAfterTooLong)
+
+
 def seconds_text(seconds: float) -> str:
     """Render a duration the way an agent reads it: 250ms, 10s, 1.5s, 27s."""
     if seconds < 1:

@@ -1,16 +1,20 @@
-"""The vendor-profile data model: where a search API keeps its query and results, and what an
-answer means. Plain frozen data; the functions that read it are in policies/profiles/.
+"""The vendor-profile data model: everything the proxy knows about one search API (where it keeps
+its query and results, what an answer means, its key, options, details, answer and error shapes).
+Plain frozen data; the records are in policies/vendors/, the functions reading them in profiles/.
 """
 
 from __future__ import annotations
 
 import copy
 import dataclasses
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from enum import Enum
 from types import MappingProxyType
 from typing import Any, Literal
+
+from policies.core.errors import ProxyError
+from policies.core.options import NO_OPTIONS, VendorOptions
 
 QueryKind = Literal["json", "query", "form", "path"]
 QUERY_KINDS: tuple[str, ...] = ("json", "query", "form", "path")
@@ -100,6 +104,58 @@ class SearchRequest:
     headers: dict[str, str]
 
 
+@dataclass(frozen=True, slots=True)
+class CredentialSlot:
+    """Where a vendor takes its API key: a header (with a scheme prefix) or a query parameter."""
+
+    kind: Literal["header", "query"]
+    name: str
+    prefix: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class DetailFields:
+    """Where one vendor's result items keep their details; candidates tried in order."""
+
+    score: tuple[str, ...] = ()
+    published: tuple[str, ...] = ()
+    updated: tuple[str, ...] = ()
+    position: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class AnswerTemplate:
+    """A vendor's answer around its results, so its SDK parses results another vendor found: the
+    fixed `envelope` (`$query`, `$count` filled per answer) and each result's `extra` fields
+    (`$url`, `$title`, `$snippet`, `$position` filled per result). The result list and its
+    url, title and snippet fields go where the profile reads them."""
+
+    envelope: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+    extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        for name in ("envelope", "extra"):
+            value = copy.deepcopy(dict(getattr(self, name)))
+            object.__setattr__(self, name, MappingProxyType(value))
+
+
+@dataclass(frozen=True)
+class McpPreset:
+    """A vendor's remote MCP server, which a route's `mcp: {server: <vendor>}` starts from: the
+    tools safe to cache and retry per call, and each search tool's query argument."""
+
+    idempotent_tools: tuple[str, ...] = ()
+    search_tools: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "idempotent_tools", tuple(self.idempotent_tools))
+        object.__setattr__(self, "search_tools", MappingProxyType(dict(self.search_tools)))
+
+
+# (a proxy error, the request id) -> the body a vendor's SDK reads its own errors from
+ErrorShape = Callable[[ProxyError, str], dict[str, Any]]
+
+
 class ProfileError(ValueError):
     """An inconsistent VendorProfile; `key` is the custom-profile config key at fault."""
 
@@ -137,14 +193,17 @@ class VendorProfile:
     max_results_cap: int | None = None
     search_extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
     search_headers: Mapping[str, str] = dataclasses.field(default_factory=dict)
-    # The built-in vendor whose API this profile speaks (a custom profile that `extends` one);
-    # "" for the built-ins themselves. The proxy answers its own errors in that vendor's shape.
+    # What a custom profile cannot write in YAML: it has them by `extends`, which copies the
+    # built-in's record whole; a profile written from scratch has none of them.
+    key_slot: CredentialSlot | None = None  # where an agent's own key goes; None: no key taken
+    options: VendorOptions = NO_OPTIONS  # unified option -> request field; unlisted: dropped
+    details: DetailFields = DetailFields()  # score, dates and rank of each result
+    answer: AnswerTemplate = dataclasses.field(default_factory=AnswerTemplate)
+    error_shape: ErrorShape | None = None  # None: the proxy's own `{"error": {...}}`
+    mcp: McpPreset | None = None  # the vendor's remote MCP server, where it has one
+    # The built-in this profile `extends` ("" for a built-in, or a profile from scratch), so the
+    # effective config shows it; nothing decides by it.
     family: str = dataclasses.field(default="", compare=False)
-
-    @property
-    def dialect(self) -> str:
-        """The vendor whose error shape this profile's route answers in."""
-        return self.family or self.name
 
     def __post_init__(self) -> None:
         freeze = object.__setattr__

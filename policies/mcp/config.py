@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 from types import MappingProxyType
 from typing import Any
 
-from policies.core.profile import QueryLocation, VendorProfile
+from policies.core.profile import McpPreset, QueryLocation, VendorProfile
 from policies.core.route import RouteConfig
 from policies.core.section import Section
 from policies.core.settings import (
@@ -22,21 +22,17 @@ from policies.core.settings import (
     texts,
     whole,
 )
+from policies.vendors import BUILTIN
 
 # JSON-RPC codes MCP servers use for failures that may pass: the MCP SDKs' "connection
 # closed" (-32000) and "request timed out" (-32001), and JSON-RPC's internal error.
 TRANSIENT_CODES = frozenset({-32000, -32001, -32603})
 TRANSIENT_TOOL_ERRORS = ("temporarily unavailable", "timed out", "rate limit", "try again")
 
-KNOWN_SERVERS: Mapping[str, Mapping[str, Any]] = MappingProxyType(
-    {
-        # Tavily's remote MCP server (https://mcp.tavily.com/mcp/): read-only web tools; a
-        # search answers `{"results": [...]}` as JSON text in `content[0].text`.
-        "tavily": {
-            "idempotent_tools": ("tavily_search", "tavily_extract", "tavily_map", "tavily_crawl"),
-            "search_tools": {"tavily_search": "query"},
-        },
-    }
+# The vendors' remote MCP servers a route's `mcp: {server: <vendor>}` starts from; each preset
+# is in its vendor's record (policies/vendors/).
+KNOWN_SERVERS: Mapping[str, McpPreset] = MappingProxyType(
+    {name: vendor.mcp for name, vendor in BUILTIN.items() if vendor.mcp is not None}
 )
 
 
@@ -64,7 +60,7 @@ def _tool_name(value: Any, path: str) -> str:
 def parse(raw: Any, path: str) -> McpConfig:
     """`mcp:`; `server:` names a preset (KNOWN_SERVERS) the rest overrides."""
     given = raw if isinstance(raw, dict) else {}
-    preset: Mapping[str, Any] = {}
+    preset = McpPreset()
     if "server" in given:
         server = choice(given["server"], join(path, "server"), tuple(KNOWN_SERVERS))
         preset = KNOWN_SERVERS[server]
@@ -98,9 +94,9 @@ def parse(raw: Any, path: str) -> McpConfig:
             "transient_tool_errors": phrases,
         },
     )
-    idempotent = found.get("idempotent_tools", frozenset(preset.get("idempotent_tools", ())))
+    idempotent = found.get("idempotent_tools", frozenset(preset.idempotent_tools))
     # The preset's search tools that are still idempotent (a narrowed list drops the others).
-    searches = {k: v for k, v in preset.get("search_tools", {}).items() if k in idempotent}
+    searches = {k: v for k, v in preset.search_tools.items() if k in idempotent}
     defaults = {"idempotent_tools": idempotent, "search_tools": MappingProxyType(searches)}
     cfg = McpConfig(**{**defaults, **found})
     for tool in cfg.search_tools:

@@ -1,11 +1,13 @@
-"""Vendor profiles: where each search API keeps the query, the results and its error codes.
-
-Plain data plus pure functions (no I/O), shared by the search-recovery policy and the tests.
+"""Reading and writing requests and answers by a vendor's record: where it keeps the query and
+the results, what an answer means, its options, details and answer shape. Pure functions (no
+I/O), each taking the record (policies/vendors/ holds the built-ins), never a vendor's name.
 """
 
+from policies.core.options import OPTION_NAMES, TIME_RANGES, TOPICS, OptionError, SearchOptions
 from policies.core.profile import (
     QUERY_KINDS,
     Assessment,
+    CredentialSlot,
     ProfileError,
     QueryKind,
     QueryLocation,
@@ -18,15 +20,7 @@ from policies.core.profile import (
 )
 from policies.profiles.assess import assess, classify, error_message, ratelimit_hint
 from policies.profiles.details import ResultDetails, extract_details
-from policies.profiles.options import (
-    OPTION_NAMES,
-    TIME_RANGES,
-    TOPICS,
-    OptionError,
-    SearchOptions,
-    apply_options,
-    read_options,
-)
+from policies.profiles.options import apply_options, read_options
 from policies.profiles.query import (
     build_search,
     build_search_request,
@@ -37,7 +31,7 @@ from policies.profiles.query import (
 )
 from policies.profiles.render import render_answer
 from policies.profiles.results import extract_results, normalize_results
-from policies.profiles.vendors import BUILTIN_PROFILES
+from policies.vendors import BUILTIN as BUILTIN_PROFILES
 
 __all__ = [
     "BUILTIN_PROFILES",
@@ -46,6 +40,7 @@ __all__ = [
     "TIME_RANGES",
     "TOPICS",
     "Assessment",
+    "CredentialSlot",
     "OptionError",
     "ProfileError",
     "QueryKind",

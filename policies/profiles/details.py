@@ -1,5 +1,6 @@
 """What a vendor says about each result besides title, URL and snippet: relevance score,
-published and updated dates, rank. One table of item field names per vendor; dates normalised."""
+published and updated dates, rank, read by the detail fields of the vendor's record; dates
+normalised."""
 
 from __future__ import annotations
 
@@ -7,21 +8,10 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from types import MappingProxyType
 from typing import Any
 
 from policies.core.profile import VendorProfile
 from policies.profiles.reading import find_results
-
-
-@dataclass(frozen=True, slots=True)
-class DetailFields:
-    """Where one vendor's result items keep their details; candidates tried in order."""
-
-    score: tuple[str, ...] = ()
-    published: tuple[str, ...] = ()
-    updated: tuple[str, ...] = ()
-    position: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -35,25 +25,6 @@ class ResultDetails:
     date: str | None = None  # YYYY-MM-DD of published_date
     last_updated: str | None = None  # YYYY-MM-DD
 
-
-DETAIL_FIELDS: Mapping[str, DetailFields] = MappingProxyType(
-    {
-        "tavily": DetailFields(score=("score",), published=("published_date",)),  # news only
-        "exa": DetailFields(score=("score",), published=("publishedDate",)),
-        # page_age is ISO; age is often relative ("2 days ago"). Fetch metadata when asked for.
-        "brave": DetailFields(
-            published=("page_age", "age"), updated=("fetched_content_timestamp",)
-        ),
-        "serper": DetailFields(position=("position",), published=("date",)),
-        "serpapi": DetailFields(position=("position",), published=("date",)),
-        "scavio": DetailFields(position=("position",), published=("date",)),
-        "searxng": DetailFields(score=("score",), published=("publishedDate", "pubdate")),
-        "linkup": DetailFields(),
-        "jina": DetailFields(published=("date", "publishedTime")),
-        "firecrawl": DetailFields(position=("position",), published=("date",)),  # news: date
-    }
-)
-_NONE = DetailFields()
 
 _RELATIVE = re.compile(
     r"^(?:(an?|\d+)\s+)?(second|sec|minute|min|hour|hr|day|week|month|year)s?\s+ago$", re.I
@@ -128,7 +99,7 @@ def extract_details(
     items = find_results(profile, body_json)
     if not isinstance(items, list):
         return {}
-    fields = DETAIL_FIELDS.get(profile.dialect, _NONE)
+    fields = profile.details
     out: dict[str, ResultDetails] = {}
     for index, item in enumerate(items, start=1):
         if not isinstance(item, dict):

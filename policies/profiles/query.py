@@ -7,20 +7,20 @@ import copy
 import dataclasses
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
 from datetime import datetime
-from types import MappingProxyType
-from typing import Any, Literal
+from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
+from policies.core.options import SearchOptions
 from policies.core.profile import (
+    CredentialSlot,
     QueryLocation,
     QueryRef,
     SearchRequest,
     VendorProfile,
     first_location,
 )
-from policies.profiles.options import SearchOptions, apply_options
+from policies.profiles.options import apply_options
 from policies.profiles.reading import MISSING, dig, load_json
 
 
@@ -192,34 +192,9 @@ def build_search(
     return apply_options(profile, request, options, now=now)
 
 
-@dataclass(frozen=True, slots=True)
-class CredentialSlot:
-    """Where a vendor takes its API key: a header (with a scheme prefix) or a query parameter."""
-
-    kind: Literal["header", "query"]
-    name: str
-    prefix: str = ""
-
-
-CREDENTIAL_SLOTS: Mapping[str, CredentialSlot] = MappingProxyType(
-    {
-        "tavily": CredentialSlot("header", "Authorization", "Bearer "),
-        "serper": CredentialSlot("header", "X-API-KEY"),
-        "brave": CredentialSlot("header", "X-Subscription-Token"),
-        "exa": CredentialSlot("header", "x-api-key"),
-        "serpapi": CredentialSlot("query", "api_key"),
-        "scavio": CredentialSlot("header", "Authorization", "Bearer "),
-        "linkup": CredentialSlot("header", "Authorization", "Bearer "),
-        "jina": CredentialSlot("header", "Authorization", "Bearer "),
-        "firecrawl": CredentialSlot("header", "Authorization", "Bearer "),
-        # SearXNG takes no key.
-    }
-)
-
-
 def credential_slot(profile: VendorProfile) -> CredentialSlot | None:
     """Where this profile's vendor (or the vendor it extends) takes its key; None: nowhere."""
-    return CREDENTIAL_SLOTS.get(profile.dialect)
+    return profile.key_slot
 
 
 def with_credential(profile: VendorProfile, request: SearchRequest, key: str) -> SearchRequest:

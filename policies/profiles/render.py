@@ -1,69 +1,24 @@
 """Writing results back in a vendor's own answer shape, so a vendor's SDK parses results that
 another vendor found (cross-vendor failover) exactly as it parses its own.
 
-Each vendor is data: the answer's fixed envelope and each result's extra fields, with `$name`
-placeholders filled per answer or per result. The result list goes where the profile reads it
-(its first results path) and carries the profile's first url, title and snippet field names, so
-a custom profile without a template still gets a body its own reader accepts.
+The vendor's record holds the answer's fixed envelope and each result's extra fields, with
+`$name` placeholders filled per answer or per result. The result list goes where the profile
+reads it (its first results path) and carries the profile's first url, title and snippet field
+names, so a custom profile without a template still gets a body its own reader accepts.
 """
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from policies.core.profile import SearchResult, VendorProfile
 
-# vendor family -> (answer envelope, extra fields of each result)
-TEMPLATES: Mapping[str, tuple[dict[str, Any], dict[str, Any]]] = {
-    "tavily": (
-        {
-            "query": "$query",
-            "follow_up_questions": None,
-            "answer": None,
-            "images": [],
-            "response_time": 0.0,
-        },
-        {"score": None, "raw_content": None},
-    ),
-    "exa": (
-        {"requestId": "search-proxy-failover", "resolvedSearchType": "neural"},
-        {"id": "$url", "score": None, "publishedDate": None, "author": None},
-    ),
-    "brave": (
-        {"type": "search", "query": {"original": "$query"}, "web": {"type": "search"}},
-        {"type": "search_result"},
-    ),
-    "serper": ({"searchParameters": {"q": "$query"}}, {"position": "$position"}),
-    "serpapi": (
-        {"search_metadata": {"status": "Success"}, "search_parameters": {"q": "$query"}},
-        {"position": "$position"},
-    ),
-    "scavio": ({"query": "$query"}, {"position": "$position"}),
-    "searxng": (
-        {
-            "query": "$query",
-            "number_of_results": "$count",
-            "answers": [],
-            "corrections": [],
-            "infoboxes": [],
-            "suggestions": [],
-            "unresponsive_engines": [],
-        },
-        {},
-    ),
-    # linkup-sdk's result model requires `type` and `favicon`.
-    "linkup": ({}, {"type": "text", "favicon": ""}),
-    "jina": ({"code": 200, "status": 20000}, {"content": "$snippet"}),
-    "firecrawl": ({"success": True}, {"position": "$position"}),
-}
-
 
 def _fill(node: Any, values: Mapping[str, Any]) -> Any:
     if isinstance(node, str) and node.startswith("$"):
         return values.get(node[1:], node)
-    if isinstance(node, dict):
+    if isinstance(node, Mapping):
         return {k: _fill(v, values) for k, v in node.items()}
     if isinstance(node, list):
         return [_fill(v, values) for v in node]
@@ -72,7 +27,7 @@ def _fill(node: Any, values: Mapping[str, Any]) -> Any:
 
 def render_answer(profile: VendorProfile, results: Sequence[SearchResult], query: str) -> Any:
     """An answer body (JSON data) in `profile`'s vendor shape carrying `results`."""
-    envelope, extra = TEMPLATES.get(profile.dialect, ({}, {}))
+    envelope, extra = profile.answer.envelope, profile.answer.extra
     items = []
     for position, result in enumerate(results, start=1):
         fields = {"url": result.url, "title": result.title, "snippet": result.snippet}
@@ -81,7 +36,7 @@ def render_answer(profile: VendorProfile, results: Sequence[SearchResult], query
         item[profile.title_fields[0]] = result.title
         item[profile.snippet_fields[0]] = result.snippet
         items.append(item)
-    body: dict[str, Any] = _fill(copy.deepcopy(envelope), {"query": query, "count": len(items)})
+    body: dict[str, Any] = _fill(envelope, {"query": query, "count": len(items)})
     path = profile.results_path
     if not path:  # the body itself is the list: no envelope fits
         return items

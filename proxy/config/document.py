@@ -15,8 +15,8 @@ from policies import ratelimit, search
 from policies.core.route import RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
+from policies.vendors.custom import parse_profile
 from proxy.config.loading import interpolate_into, read_document
-from proxy.config.profiles import parse_profile
 from proxy.config.routes import check_routes, parse_route, route_config
 from proxy.config.sections import (
     Config,

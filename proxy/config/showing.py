@@ -11,7 +11,7 @@ from policies.core.credentials import is_credential_name
 from policies.core.route import RouteConfig
 from policies.core.section import plain
 from policies.profiles import BUILTIN_PROFILES
-from proxy.config.profiles import profile_document
+from policies.vendors.custom import profile_document
 from proxy.config.sections import Config
 from proxy.redact import REDACTED, redact_url
 

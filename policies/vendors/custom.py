@@ -1,14 +1,14 @@
-"""Custom vendor profiles (`profiles:`): a search API the built-ins do not cover, or a built-in
-with changed fields (`extends`), parsed from YAML and written back."""
+"""Custom vendor profiles (`profiles:` in the YAML): parsing one, and writing it back out as
+YAML for the effective config. A profile that `extends` a built-in copies its whole record.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any
 
 from policies.core.profile import QUERY_KINDS, ProfileError, QueryLocation, VendorProfile
-from policies.core.section import plain
 from policies.core.settings import (
     Collector,
     ConfigError,
@@ -22,7 +22,7 @@ from policies.core.settings import (
     texts,
     whole,
 )
-from policies.profiles import BUILTIN_PROFILES
+from policies.vendors import BUILTIN
 
 
 def _dotted(value: Any, path: str, *, allow_body: bool) -> tuple[str, ...]:
@@ -133,9 +133,10 @@ _PROFILE_PARSERS: dict[str, tuple[str, Callable[[Any, str], Any]]] = {
 
 
 def parse_profile(name: str, raw: Any, path: str) -> VendorProfile:
-    """Build a custom vendor profile from its YAML mapping. Accepted keys:
+    """Build a custom vendor profile from its YAML mapping at `path`. Accepted keys:
 
-    - ``extends``: a built-in profile name to start from; the other keys override it.
+    - ``extends``: a built-in vendor to start from: its whole record is copied (key slot,
+      options, details, answer and error shapes too), and the other keys override it.
     - ``query``: list of one-key mappings ``{json|query|form|path: field}``, tried in order
       (json fields may be dotted; a path location's field is its prefix, e.g. ``/``).
     - ``results``: dotted path of the result list (``""`` = the body itself), or a list of
@@ -157,7 +158,7 @@ def parse_profile(name: str, raw: Any, path: str) -> VendorProfile:
     ``query`` and ``results`` are required unless ``extends`` is given.
     """
     parsers = {key: parse for key, (_, parse) in _PROFILE_PARSERS.items()}
-    parsers["extends"] = lambda v, p: choice(v, p, tuple(sorted(BUILTIN_PROFILES)))
+    parsers["extends"] = lambda v, p: choice(v, p, tuple(sorted(BUILTIN)))
     collect = Collector()
     data = collect.parse(collect.keys(raw, path, tuple(parsers)), path, parsers)
     if isinstance(raw, dict) and "extends" not in raw:
@@ -166,10 +167,10 @@ def parse_profile(name: str, raw: Any, path: str) -> VendorProfile:
                 collect.add(join(path, key), "required key is missing (or use extends)")
     collect.raise_any()
     kwargs = {attr: data[key] for key, (attr, _) in _PROFILE_PARSERS.items() if key in data}
-    base = BUILTIN_PROFILES[data["extends"]] if "extends" in data else None
+    base = BUILTIN[data["extends"]] if "extends" in data else None
     try:
         if base is not None:
-            return replace(base, name=name, family=base.dialect, **kwargs)
+            return replace(base, name=name, family=base.family or base.name, **kwargs)
         return VendorProfile(name=name, **kwargs)
     except ProfileError as exc:  # a rule across keys, e.g. a GET search needs a query location
         raise ConfigError(join(path, exc.key), exc.reason) from None
@@ -179,7 +180,18 @@ def _dotted_text(paths: tuple[tuple[str, ...], ...]) -> list[str]:
     return [".".join(keys) for keys in paths]
 
 
-# VendorProfile field -> its YAML form, where plain's is not what the profile parser takes.
+def _plain(value: Any) -> Any:
+    """Frozen collections as plain YAML data, sets sorted."""
+    if isinstance(value, Mapping):
+        return {k: _plain(v) for k, v in value.items()}
+    if isinstance(value, frozenset):
+        return sorted(value)
+    if isinstance(value, tuple | list):
+        return [_plain(v) for v in value]
+    return value
+
+
+# VendorProfile field -> its YAML form, where _plain's is not what the profile parser takes.
 _PROFILE_SHOWN: dict[str, Callable[[Any], Any]] = {
     "query_locations": lambda locations: [{loc.kind: loc.field} for loc in locations],
     "results_paths": _dotted_text,
@@ -188,11 +200,14 @@ _PROFILE_SHOWN: dict[str, Callable[[Any], Any]] = {
 
 
 def profile_document(profile: VendorProfile) -> dict[str, Any]:
-    """A profile as the keys of _PROFILE_PARSERS, written out in full (no `extends`)."""
-    doc: dict[str, Any] = {}
+    """A custom profile as the YAML that parse_profile reads back into an equal profile: every
+    key written out, and `extends` naming the built-in whose record it copied (the parts YAML
+    has no keys for). Under `extends`, an unset value is written as null: it clears the
+    built-in's."""
+    doc: dict[str, Any] = {"extends": profile.family} if profile.family else {}
     for key, (attr, _) in _PROFILE_PARSERS.items():
         value = getattr(profile, attr)
-        if value is None or (attr == "error_code_paths" and not value):
+        if (value is None and not profile.family) or (attr == "error_code_paths" and not value):
             continue  # the default, and a value the parser has no spelling for
-        doc[key] = _PROFILE_SHOWN.get(attr, plain)(value)
+        doc[key] = None if value is None else _PROFILE_SHOWN.get(attr, _plain)(value)
     return doc
