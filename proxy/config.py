@@ -6,7 +6,6 @@ duration like 10s, got "ten"`). Unknown keys are errors: a typo must not silentl
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Callable, Mapping
@@ -20,7 +19,8 @@ from urllib.parse import parse_qsl, urlsplit
 
 import yaml
 
-from policies.breaker import BreakerConfig, ProbeConfig
+from policies.breaker import SECTION as _BREAKER
+from policies.breaker import BreakerConfig
 from policies.cache import CacheConfig
 from policies.core.credentials import is_credential_name
 from policies.core.errors import seconds_text
@@ -439,85 +439,6 @@ def _rate_limit(raw: Any, path: str) -> RateLimitConfig:
     return cfg
 
 
-def _breaker(raw: Any, path: str) -> BreakerConfig:
-    cfg = _section(
-        raw,
-        path,
-        BreakerConfig,
-        {
-            "fail_max": lambda v, p: _int(v, p, 1),
-            # The shared breaker record lives a day: a longer open circuit would be forgotten.
-            "reset_timeout": lambda v, p: _positive_duration(v, p, 86400.0),
-            "open_initial": lambda v, p: _positive_duration(v, p, 86400.0),
-            "open_multiplier": lambda v, p: _float(v, p, 1.0, 100.0),
-            "success_threshold": lambda v, p: _int(v, p, 1),
-            # One Redis slot key per probe.
-            "half_open_probes": lambda v, p: _int(v, p, 1, 100),
-            "max_wait": parse_duration,
-            "slow_start": parse_duration,
-            "probe": _breaker_probe,
-        },
-    )
-    if cfg.open_initial is not None and cfg.open_initial > cfg.reset_timeout:
-        default = "" if isinstance(raw, dict) and "reset_timeout" in raw else ", the default"
-        raise ConfigError(
-            _join(path, "open_initial"),
-            f"must not exceed reset_timeout ({seconds_text(cfg.reset_timeout)}{default}), "
-            "the longest an opening lasts",
-        )
-    return cfg
-
-
-def _breaker_probe(raw: Any, path: str) -> ProbeConfig:
-    return _section(
-        raw,
-        path,
-        ProbeConfig,
-        {
-            "every": _positive_duration,
-            "method": lambda v, p: _choice(
-                v.upper() if isinstance(v, str) else v, p, ("GET", "HEAD", "POST")
-            ),
-            "path": _probe_path,
-            "body": _probe_body,
-            "expect": lambda v, p: _statuses(v if isinstance(v, list) else [v], p),
-        },
-        required=("every",),
-    )
-
-
-def _probe_path(value: Any, path: str) -> str:
-    """A path under the route's upstream, as a request's would be after the prefix, and an
-    optional `?query`."""
-    text = _str(value, path)
-    where, _, query = text.partition("?")
-    if (
-        not where.startswith("/")
-        or "//" in where
-        or any(seg in (".", "..") for seg in where.split("/"))
-        or set(where) - _PATH_CHARS - {"%"}
-        or any(c in query for c in " #")
-        or not query.isprintable()
-    ):
-        raise ConfigError(path, f"expected a path like /usage or /health?full=1, got {text!r}")
-    return text
-
-
-def _probe_body(value: Any, path: str) -> str:
-    """The probe's JSON body: a mapping or list (encoded here), or JSON text."""
-    if isinstance(value, dict | list):
-        return json.dumps(value, separators=(",", ":"))
-    if isinstance(value, str):
-        try:
-            json.loads(value)
-        except ValueError:
-            raise ConfigError(
-                path, f"expected JSON (it is sent as application/json), got {value!r}"
-            ) from None
-        return value
-    raise ConfigError(path, f"expected a mapping or JSON text, got {value!r}")
-
-
 def _cache(raw: Any, path: str) -> CacheConfig:
     cfg = _section(
         raw,
@@ -725,7 +646,7 @@ _ROUTE_PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "headers": parse_headers,
     "retry": _retry,
     "rate_limit": _rate_limit,
-    "breaker": _breaker,
+    "breaker": _BREAKER.parse,
     "cache": _cache,
     "search": _search,
     "fallback": _fallback,

@@ -23,6 +23,7 @@ import pybreaker
 import structlog
 from redis.exceptions import RedisError
 
+from policies.breaker.config import RECORD_TTL, BreakerConfig
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.errors import CircuitOpen, ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events, NullEvents
@@ -41,8 +42,6 @@ _NAMES: Final = {
     pybreaker.STATE_OPEN: OPEN,
 }
 
-# The shared record outlives any sane reset_timeout, then goes away with a removed route.
-_RECORD_TTL_MS: Final = 86_400_000
 # Consecutive openings past this say nothing more (the open time reached its maximum long ago);
 # the cap keeps a garbled shared record from meaning anything absurd.
 _MAX_LEVEL: Final = 1000
@@ -52,57 +51,6 @@ _GOLDEN: Final = (math.sqrt(5) - 1) / 2
 # Sends the route's configured probe and returns the vendor's status, or raises a ProxyError when
 # no answer came. The server builds it around the route's upstream: policies do no I/O of their own.
 ProbeSender = Callable[[], Awaitable[int]]
-
-
-@dataclass(frozen=True)
-class ProbeConfig:
-    """`breaker.probe`: a request the operator chooses, sent while the circuit is not closed."""
-
-    every: float  # seconds between probes, across the fleet
-    method: str = "GET"
-    path: str = "/"  # under the route's upstream, like a request's path; may carry `?query`
-    body: str = ""  # sent as application/json when not empty
-    expect: frozenset[int] = frozenset()  # statuses that mean the vendor is back; empty: any 2xx
-
-    def healthy(self, status: int) -> bool:
-        """Whether a probe answered with `status` says the vendor is back."""
-        return status in self.expect if self.expect else 200 <= status < 300
-
-
-@dataclass(frozen=True)
-class BreakerConfig:
-    """A route's `breaker:` section."""
-
-    fail_max: int = 5  # consecutive vendor failures that open the circuit
-    reset_timeout: float = 30.0  # the longest an opening lasts before a half-open probe
-    open_initial: float | None = None  # the first opening; None: every one lasts reset_timeout
-    open_multiplier: float = 2.0  # each reopening before a request gets through lasts this x longer
-    success_threshold: int = 1  # probe successes that close it again
-    half_open_probes: int = 1  # probes admitted at once, fleet-wide
-    max_wait: float = 0.0  # how long a request may wait to be admitted; 0: refused at once
-    slow_start: float = 0.0  # seconds over which a closed circuit readmits traffic; 0: at once
-    probe: ProbeConfig | None = None  # an active probe while open; None: only half-open requests
-
-    def open_seconds(self, level: int) -> float:
-        """How long the `level`-th consecutive opening lasts (1: the first)."""
-        initial = self.reset_timeout if self.open_initial is None else self.open_initial
-        return open_seconds(initial, self.open_multiplier, self.reset_timeout, level)
-
-    @property
-    def tolerated_failures(self) -> int:
-        """Failed probes a half-open trial survives: it can still reach success_threshold
-        successes among half_open_probes probes."""
-        return max(0, self.half_open_probes - self.success_threshold)
-
-
-def open_seconds(initial: float, multiplier: float, maximum: float, level: int) -> float:
-    """`initial * multiplier ** (level - 1)`, at most `maximum` (Envoy's ejection time, which
-    grows with consecutive ejections)."""
-    if level <= 1 or multiplier <= 1.0 or initial >= maximum:
-        return min(initial, maximum)
-    if level - 1 >= math.log(maximum / initial, multiplier):
-        return maximum
-    return min(maximum, initial * multiplier ** (level - 1))
 
 
 class Snapshot(NamedTuple):
@@ -303,7 +251,7 @@ class RedisBreakerState:
     async def write(self, snap: Snapshot) -> bool:
         """Store and publish `snap` unless Redis holds newer; False if Redis is unreachable."""
         fields = (snap.state, snap.since_us, snap.opened_us, snap.failures, snap.origin)
-        args = (*fields, self.channel, snap.encode(), _RECORD_TTL_MS, snap.level)
+        args = (*fields, self.channel, snap.encode(), int(RECORD_TTL * 1000), snap.level)
         keys = [self.key, *self.slots]
         result = await self._link.run(lambda r: self._write(keys=keys, args=args, client=r))
         return result is not UNAVAILABLE
