@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from policies.core.errors import seconds_text
-from policies.core.section import Section
+from policies.core.section import Section, plain
 from policies.core.settings import (
     PATH_CHARS,
     ConfigError,
@@ -158,4 +158,12 @@ def _probe_body(value: Any, path: str) -> str:
     raise ConfigError(path, f"expected a mapping or JSON text, got {value!r}")
 
 
-SECTION: Final = Section("breaker", parse)
+def document(cfg: BreakerConfig) -> Any:
+    """The YAML form `parse` reads back into `cfg`."""
+    doc = plain(cfg)
+    if cfg.probe is not None and not cfg.probe.body:
+        del doc["probe"]["body"]  # no body: "" is not the JSON text the key takes
+    return doc
+
+
+SECTION: Final = Section("breaker", parse, document=document)
