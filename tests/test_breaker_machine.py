@@ -4,12 +4,15 @@ passed in, as the policy does; nothing here awaits or sleeps."""
 
 from __future__ import annotations
 
+import ast
+import inspect
 from datetime import UTC, datetime
+from types import ModuleType
 
 import pybreaker
 import pytest
 
-from policies.breaker import BreakerConfig, Change, Circuit, Snapshot
+from policies.breaker import BreakerConfig, Change, Circuit, Snapshot, machine, snapshot, storage
 from policies.breaker.machine import NOTHING
 from policies.core.clock import ManualClock
 
@@ -339,3 +342,19 @@ def test_the_state_and_counters_live_in_a_pybreaker_storage_by_its_names() -> No
     assert storage.state == pybreaker.STATE_HALF_OPEN
     with pytest.raises(TypeError):
         storage.opened_at = datetime.now(UTC)  # an opening needs the monotonic time too
+
+
+# -- no I/O --------------------------------------------------------------------------------------
+
+
+def imports_of(module: ModuleType) -> set[str]:
+    tree = ast.parse(inspect.getsource(module))
+    found = {a.name for node in ast.walk(tree) if isinstance(node, ast.Import) for a in node.names}
+    return found | {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
+
+
+@pytest.mark.parametrize("module", [machine, storage, snapshot])
+def test_the_machine_and_its_state_import_nothing_that_waits_or_does_io(module: ModuleType) -> None:
+    allowed = {"__future__", "collections.abc", "dataclasses", "datetime", "typing", "pybreaker"}
+    ours = {"policies.breaker.config", "policies.breaker.snapshot", "policies.breaker.storage"}
+    assert imports_of(module) <= allowed | ours

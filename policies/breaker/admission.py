@@ -25,8 +25,9 @@ _GOLDEN: Final = (math.sqrt(5) - 1) / 2
 _SLOT_POLL: Final = 0.25
 
 
-class Changes:
-    """Wakes whoever waits for the circuit to change: a transition, a freed probe place."""
+class Waiters:
+    """The requests and loops waiting for the circuit to change (a transition, a freed probe
+    place), woken together by `announce`."""
 
     def __init__(self) -> None:
         self._next: asyncio.Future[None] | None = None
@@ -42,6 +43,7 @@ class Changes:
         await asyncio.wait((self.next(),))
 
     def announce(self) -> None:
+        """The circuit changed: wake everyone waiting."""
         change, self._next = self._next, None
         if change is not None and not change.done():
             change.set_result(None)
@@ -64,7 +66,7 @@ class Admission:
         route: str,
         circuit: Circuit,
         clock: Clock,
-        changes: Changes,
+        waiters: Waiters,
         apply: Callable[[Change], None],
         fleet: Fleet | None,
         probing: Callable[[], bool],
@@ -72,7 +74,7 @@ class Admission:
         self._route = route
         self._circuit = circuit
         self._clock = clock
-        self._changes = changes
+        self._waiters = waiters
         self._apply = apply  # the side effects of the half-open transition an arrival makes
         self._fleet = fleet
         self._probing = probing  # whether an active probe may close the circuit sooner
@@ -142,14 +144,14 @@ class Admission:
         if not ticket.probe:
             return
         if self._circuit.end_probe(ticket.epoch):
-            self._changes.announce()  # a waiting request may take the freed place
+            self._waiters.announce()  # a waiting request may take the freed place
         if ticket.slot is not None and self._fleet is not None:
             self._fleet.release(ticket.slot)
 
     async def _pause(self, flow: Flow, seconds: float) -> None:
         """Wait up to `seconds` on our clock, or until the circuit changes."""
         started = self._clock.now()
-        change = self._changes.next()
+        change = self._waiters.next()
         sleep = asyncio.ensure_future(self._clock.sleep(seconds))
         try:
             await asyncio.wait((sleep, change), return_when=asyncio.FIRST_COMPLETED)

@@ -7,7 +7,7 @@ import asyncio
 import secrets
 from contextvars import ContextVar
 
-from policies.breaker.admission import Admission, Changes, Ticket
+from policies.breaker.admission import Admission, Ticket, Waiters
 from policies.breaker.config import BreakerConfig
 from policies.breaker.fleet import Fleet, RedisBreakerState
 from policies.breaker.machine import Change, Circuit
@@ -54,7 +54,7 @@ class Breaker:
         self._clock = clock
         self._events = events or NullEvents()
         self._circuit = Circuit(config, origin=secrets.token_hex(6))
-        self._changes = Changes()
+        self._waiters = Waiters()
         self._fleet = None
         if link is not None:
             shared = RedisBreakerState(link, route, config.half_open_probes, probe_lease)
@@ -69,12 +69,12 @@ class Breaker:
                 self._circuit,
                 clock,
                 self._events,
-                self._changes.wait,
+                self._waiters.wait,
                 self._apply,
                 lease,
             )
         self._admission = Admission(
-            route, self._circuit, clock, self._changes, self._apply, self._fleet, self._probing
+            route, self._circuit, clock, self._waiters, self._apply, self._fleet, self._probing
         )
         self._running = False
         self._tasks: list[asyncio.Task[None]] = []
@@ -171,6 +171,6 @@ class Breaker:
         queue a local change for the other replicas."""
         if change.entered is not None:
             self._events.breaker_transition(self.route, change.entered)
-            self._changes.announce()
+            self._waiters.announce()
         if change.share is not None and self._fleet is not None:
             self._fleet.publish()
