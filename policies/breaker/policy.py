@@ -29,9 +29,10 @@ class Breaker:
     """Fails fast with CircuitOpen while the route's vendor is unwell.
 
     The circuit (machine.Circuit) decides; around it, a request that would be refused waits
-    instead, up to `max_wait` and at most half of what its deadline leaves (admission); with
-    Redis the circuit is shared by every replica (fleet); with `probe` and a `send_probe`, one
-    replica at a time probes the vendor while the circuit is not closed (probe).
+    instead, up to `max_wait` and at most half of what its deadline leaves, and after a close
+    waits for its place in the slow-start ramp (admission); with Redis the circuit is shared by
+    every replica (fleet); with `probe` and a `send_probe`, one replica at a time probes the
+    vendor while the circuit is not closed (probe).
 
     Call `start()` to run the background tasks (Redis sync, active probes) and `stop()` at
     shutdown.
