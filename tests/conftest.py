@@ -28,6 +28,7 @@ TIER_OF_MODULE = {
     "test_backoff": "unit",
     "test_breaker": "unit",
     "test_breaker_e2e": "integration",
+    "test_breaker_machine": "unit",
     "test_breaker_recovery": "unit",
     "test_chain": "integration",
     "test_clients": "e2e",

@@ -18,6 +18,7 @@ from multidict import CIMultiDict
 from prometheus_client.parser import text_string_to_metric_families
 
 from policies.breaker import (
+    SECTION,
     Breaker,
     BreakerConfig,
     ProbeConfig,
@@ -599,6 +600,15 @@ def test_config_reads_every_recovery_key_and_prints_them_back() -> None:
     defaults = breaker_config({})
     assert (defaults.open_initial, defaults.max_wait, defaults.slow_start) == (None, 0.0, 0.0)
     assert defaults.probe is None and defaults.open_seconds(3) == defaults.reset_timeout
+
+
+def test_the_section_prints_back_what_it_parses_on_its_own() -> None:
+    raw = {"open_initial": "2s", "slow_start": "1s", "probe": {"every": "3s", "expect": [200, 204]}}
+    cfg = SECTION.parse(raw, "breaker")
+    assert SECTION.key == "breaker"
+    assert SECTION.parse(yaml.safe_load(yaml.safe_dump(SECTION.document(cfg))), "breaker") == cfg
+    with pytest.raises(ConfigError, match=r"^breaker\.reset_timeout: expected a duration above 0 "):
+        SECTION.parse({"reset_timeout": "25h"}, "breaker")  # the shared record lives a day
 
 
 @pytest.mark.parametrize(
