@@ -22,8 +22,7 @@ from types import MappingProxyType
 from typing import Any
 
 from policies import breaker, cache, failover, hedge, mcp, ratelimit, retry, search
-from policies.core.flow import Policy
-from policies.core.outcome import Classifier, status_outcome
+from policies.core.flow import Classifier, Policy, status_outcome
 from policies.core.profile import VendorProfile
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section

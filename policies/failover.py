@@ -22,8 +22,8 @@ from policies.core.clock import Clock
 from policies.core.credentials import injects_key
 from policies.core.errors import ClientFault, ProxyError
 from policies.core.events import Events
-from policies.core.flow import Flow, Handler, Reply
-from policies.core.outcome import Classifier, Outcome
+from policies.core.flow import Classifier, Flow, Handler, Reply
+from policies.core.outcome import Outcome
 from policies.core.redislink import UNAVAILABLE, RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Provider, Section

@@ -21,8 +21,8 @@ from policies.backoff import RetryBudget
 from policies.core.clock import Clock
 from policies.core.errors import ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events
-from policies.core.flow import Flow, Handler, Reply
-from policies.core.outcome import Classifier, Outcome, status_outcome
+from policies.core.flow import Classifier, Flow, Handler, Reply, status_outcome
+from policies.core.outcome import Outcome
 from policies.core.route import RouteConfig
 from policies.core.section import Budget, Build, Link, Provider, Section
 from policies.core.settings import (

@@ -30,8 +30,8 @@ from policies.core.errors import (
     seconds_text,
 )
 from policies.core.events import Events
-from policies.core.flow import Flow, Handler, Reply
-from policies.core.outcome import RETRY_CONDITIONS, Classifier, Outcome, status_outcome
+from policies.core.flow import Classifier, Flow, Handler, Reply, status_outcome
+from policies.core.outcome import RETRY_CONDITIONS, Outcome
 from policies.core.section import Build, Link, Section, plain
 from policies.core.settings import (
     ConfigError,

@@ -19,8 +19,8 @@ from multidict import CIMultiDict
 from policies.core.clock import Clock
 from policies.core.errors import BadRequest, ProxyError
 from policies.core.events import Events
-from policies.core.flow import Flow, Handler, Reply
-from policies.core.outcome import Classifier, Outcome
+from policies.core.flow import Classifier, Flow, Handler, Reply
+from policies.core.outcome import Outcome
 from policies.core.section import Build, Link, Section
 from policies.core.settings import one_of, parse_duration, section, text, whole_in
 from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query

@@ -21,8 +21,7 @@ from policies.cache import StaleCache
 from policies.chain import build_chain, reader
 from policies.core.clock import Clock
 from policies.core.credentials import empty_credential
-from policies.core.flow import Flow, Handler, Policy, compose
-from policies.core.outcome import Classifier, status_outcome
+from policies.core.flow import Classifier, Flow, Handler, Policy, compose, status_outcome
 from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig

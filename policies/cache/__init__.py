@@ -24,8 +24,8 @@ from policies.cache.store import (
     TieredStore,
     build_store,
 )
-from policies.core.flow import Reply
-from policies.core.outcome import Classifier, Outcome
+from policies.core.flow import Classifier, Reply
+from policies.core.outcome import Outcome
 from policies.core.profile import VendorProfile
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link

@@ -96,6 +96,13 @@ class Flow:
 
 
 Handler = Callable[[Flow], Awaitable[Reply]]
+# A route's reading of its replies: once per reply, cached on it (`Reply.outcome`).
+Classifier = Callable[[Reply], Outcome]
+
+
+def status_outcome(reply: Reply) -> Outcome:
+    """The classifier of a route without a search profile: the status alone decides."""
+    return Outcome.of_status(reply.status)
 
 
 class Policy(Protocol):

@@ -6,12 +6,7 @@ breaker, the cache and the `upstream_attempts_total{outcome}` label all read tha
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from enum import StrEnum
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from policies.core.flow import Reply
 
 
 class Outcome(StrEnum):
@@ -64,10 +59,3 @@ RETRY_CONDITIONS: tuple[Outcome, ...] = (
     Outcome.RESET,
     Outcome.MALFORMED,
 )
-
-Classifier = Callable[["Reply"], Outcome]
-
-
-def status_outcome(reply: Reply) -> Outcome:
-    """The classifier of a route without a search profile: the status alone decides."""
-    return Outcome.of_status(reply.status)

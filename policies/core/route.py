@@ -3,10 +3,10 @@ and the sections of the policies it configures (each parsed by its own policy mo
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import Any, Protocol, TypeVar, cast
 
 from policies.core.errors import seconds_text
 from policies.core.settings import (
@@ -20,10 +20,19 @@ from policies.core.settings import (
     texts,
 )
 
-if TYPE_CHECKING:
-    from policies.core.section import Section
-
 C = TypeVar("C")
+C_co = TypeVar("C_co", covariant=True)
+
+
+class Keyed(Protocol[C_co]):
+    """What a route needs of a policy's section to hand it its config: its YAML key, and the
+    parser whose result it holds (policies/core/section.py's Section)."""
+
+    @property
+    def key(self) -> str: ...
+
+    @property
+    def parse(self) -> Callable[[Any, str], C_co]: ...
 
 
 @dataclass(frozen=True)
@@ -56,7 +65,7 @@ class RouteConfig:
     max_response_bytes: int = 8 * 1024 * 1024
     sections: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
-    def get(self, section: Section[C]) -> C | None:
+    def get(self, section: Keyed[C]) -> C | None:
         """This route's config of `section`, or None when the route does not configure it."""
         return cast("C | None", self.sections.get(section.key))
 

@@ -15,8 +15,7 @@ from typing import Any, Generic, Protocol, TypeVar
 
 from policies.core.clock import Clock
 from policies.core.events import Events
-from policies.core.flow import Handler, Policy
-from policies.core.outcome import Classifier
+from policies.core.flow import Classifier, Handler, Policy
 from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
