@@ -127,15 +127,17 @@ class Failover:
         caller's key; None when the caller sent none we can tell apart (never bench them all)."""
         if self.shared_key:
             return self.route
-        return f"{self.route}|{flow.client}" if flow.client else None
+        return f"{self.route}|{flow.request.client}" if flow.request.client else None
 
     def _is_search(self, flow: Flow) -> QueryRef | None:
         """The query of a search call this route can translate; None for other endpoints."""
         path = self.profile.search_path
-        if path is not None and flow.path.rstrip("/") != path.rstrip("/"):
+        if path is not None and flow.request.path.rstrip("/") != path.rstrip("/"):
             return None  # /answer, /extract, news ... are not searches another vendor can answer
-        query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
-        ref = extract_query(self.profile, path=flow.path, query=query, body=flow.body)
+        query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
+        ref = extract_query(
+            self.profile, path=flow.request.path, query=query, body=flow.request.body
+        )
         return ref if ref is not None and ref.is_text else None
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
@@ -207,13 +209,13 @@ class Failover:
 
     def _answer(self, answer: Translated, flow: Flow, why: str) -> Reply:
         """`answer` as the agent gets it, the flow annotated with where it came from."""
-        flow.provider = answer.provider
-        flow.reply_headers["X-Search-Provider"] = answer.provider
-        flow.reply_headers["X-Search-Failover"] = f"{self.route} failed: {why}"
+        flow.trace.provider = answer.provider
+        flow.trace.reply_headers["X-Search-Provider"] = answer.provider
+        flow.trace.reply_headers["X-Search-Failover"] = f"{self.route} failed: {why}"
         if answer.dropped:  # options the fallback vendor cannot honour: its results ignore them
-            flow.reply_headers["X-Search-Dropped-Options"] = ",".join(answer.dropped)
+            flow.trace.reply_headers["X-Search-Dropped-Options"] = ",".join(answer.dropped)
         else:
-            flow.reply_headers.pop("X-Search-Dropped-Options", None)
+            flow.trace.reply_headers.pop("X-Search-Dropped-Options", None)
         answer.reply.headers.setdefault(
             "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{answer.provider}"
         )

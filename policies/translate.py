@@ -62,8 +62,10 @@ class Translated:
 
 def read_search(profile: VendorProfile, flow: Flow, ref: QueryRef, now: datetime) -> Search:
     """The search `flow` asks for, `ref` being its query as the primary's profile found it."""
-    params = dict(parse_qsl(flow.query_string, keep_blank_values=True))
-    asked = read_options(profile, flow.method, flow.path, params, flow.body, now=now)
+    params = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
+    asked = read_options(
+        profile, flow.request.method, flow.request.path, params, flow.request.body, now=now
+    )
     return Search(ref.text, replace(asked, max_results=asked.max_results or DEFAULT_RESULTS))
 
 
@@ -77,19 +79,19 @@ def provider_flow(
     if request.json_body is not None:
         body = orjson.dumps(request.json_body)
         headers["Content-Type"] = "application/json"
-    headers["X-Request-Id"] = origin.request_id
-    return Flow(
+    headers["X-Request-Id"] = origin.request.request_id
+    return Flow.new(
         route=provider.name,
         method=request.method,
         path=request.path,
         query_string=urlencode(request.query_params),
         headers=headers,
         body=body,
-        request_id=origin.request_id,
+        request_id=origin.request.request_id,
         client="",  # the agent's key for the primary never reaches another vendor
         deadline=deadline,
         started=now,
-        calls=origin.calls,  # a fallback's calls count against the agent request's bound
+        calls=origin.context.calls,  # a fallback's calls count against the agent request's bound
     )
 
 

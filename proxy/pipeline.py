@@ -113,7 +113,7 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
             headers["Content-Type"] = "application/json"
         path, _, query = target.partition("?")
         now = deps.clock.now()
-        flow = Flow(
+        flow = Flow.new(
             route=cfg.name,
             method=method,
             path=path,

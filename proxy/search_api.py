@@ -430,7 +430,7 @@ class SearchApi:
             return _Outcome(
                 Tried(
                     route.name,
-                    flow.query_used or query,
+                    flow.trace.query_used or query,
                     "failed",
                     err.upstream_status or err.status,
                     ms,
@@ -440,11 +440,11 @@ class SearchApi:
                 )
             )
         ms = (self.clock.now() - started) * 1000
-        used = flow.query_used or query
+        used = flow.trace.query_used or query
         outcome = route.classify(reply)
         if outcome is Outcome.OK:
             # A fallback of the route's own failover may have answered, in this vendor's shape.
-            answered_by = reply.provider or flow.provider or route.name
+            answered_by = reply.provider or flow.trace.provider or route.name
             if answered_by != route.name:
                 dropped = _failover_dropped(call, flow)
             results = self._results(
@@ -457,7 +457,7 @@ class SearchApi:
                     answered_by=answered_by,
                     results=results,
                     query_used=used,
-                    from_cache=flow.cache in ("hit", "stale"),
+                    from_cache=flow.trace.cache in ("hit", "stale"),
                     cache_age_s=int(age) if age and age.isdigit() else None,
                 )
             return _Outcome(Tried(route.name, used, "empty", reply.status, ms, dropped=dropped))
@@ -549,7 +549,7 @@ class SearchApi:
         if rid:
             headers["X-Request-Id"] = rid
         now_s = self.clock.now()
-        flow = Flow(
+        flow = Flow.new(
             route=route.name,
             method=sr.method,
             path=sr.path,
@@ -613,7 +613,7 @@ class _Outcome:
 def _failover_dropped(call: SearchCall, flow: Flow) -> tuple[str, ...]:
     """The dropped options when the route's failover answered: as its header lists them, else
     every option sent (none is known to have reached the fallback vendor)."""
-    listed = flow.reply_headers.get(FAILOVER_DROPPED_HEADER)
+    listed = flow.trace.reply_headers.get(FAILOVER_DROPPED_HEADER)
     if listed is None:
         return call.dropped(call.options.requested())
     return call.dropped(tuple(n.strip() for n in listed.split(",") if n.strip()))
