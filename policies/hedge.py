@@ -38,7 +38,7 @@ from policies.core.settings import (
 )
 from policies.latency import LatencyWindow
 from policies.profiles import VendorProfile, extract_query
-from policies.translate import Translated, ask, read_search
+from policies.providers import Answer, Search, ask, read_search, skipped, translated
 
 # The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
 MIN_AFTER_S = 0.001
@@ -245,7 +245,7 @@ class _Race:
     def _hedge_to_fallback(self, now: float) -> None:
         p = self.policy
         provider = p.fallback() if p.fallback is not None else None
-        if provider is None or p.profile is None or not provider.available():
+        if provider is None or p.profile is None:
             self._refused()
             return
         query = dict(parse_qsl(self.flow.request.query_string, keep_blank_values=True))
@@ -255,30 +255,26 @@ class _Race:
         if ref is None or not ref.is_text:
             self.hedging = False  # not a search another vendor can be asked
             return
-        calls = self.flow.context.calls  # a hedge is one more vendor call of the request
-        if calls is not None and not calls.spend():
-            self._refused()
-            return
-        if not p.spend():
-            if calls is not None:
-                calls.refund()
+        wall = datetime.fromtimestamp(p.clock.wall(), UTC)
+        search = read_search(p.profile, self.flow, ref, wall)
+        # No key, or its circuit is open; else the budget. The fallback route's own retry loop
+        # spends the request's vendor call.
+        if skipped(provider, search) is not None or not p.spend():
             self._refused()
             return
         self.sent += 1
         self.flow.trace.hedges += 1
-        wall = datetime.fromtimestamp(p.clock.wall(), UTC)
-        search = read_search(p.profile, self.flow, ref, wall)
         answer = ask(
-            p.profile,
             provider,
             search,
-            self.flow,
+            request_id=self.flow.request.request_id,
             now=now,
             wall=wall,
             deadline=self.flow.context.deadline,
+            calls=self.flow.context.calls,
         )
         dropped: list[str] = []
-        work = _reply_of(answer, provider.name, dropped)
+        work = _reply_of(answer, p.profile, search, dropped)
         self._start(work, hedge=True, provider=provider.name, dropped=dropped)
 
     def _refused(self) -> None:
@@ -386,15 +382,15 @@ class _Race:
 
 
 async def _reply_of(
-    answer: Awaitable[Translated | None], provider: str, dropped: list[str]
+    answer: Awaitable[Answer], primary: VendorProfile, search: Search, dropped: list[str]
 ) -> Reply:
-    """A hedge to a fallback as an attempt: its translated answer (the options it dropped go
-    into `dropped`), or a failure."""
-    translated = await answer
-    if translated is None:
-        raise _FallbackFailed(f"{provider}: no usable answer")
-    dropped.extend(translated.dropped)
-    return translated.reply
+    """A hedge to a fallback as an attempt: its answer in the primary's shape (the options it
+    dropped go into `dropped`), or a failure."""
+    found = await answer
+    if not found.usable:
+        raise _FallbackFailed(f"{found.provider}: no usable answer")
+    dropped.extend(found.dropped)
+    return translated(primary, found, search.count)
 
 
 class _FallbackFailed(ProxyError):

@@ -20,14 +20,12 @@ from policies.core.clock import Clock
 from policies.core.errors import BadRequest, ProxyError
 from policies.core.events import Events
 from policies.core.flow import Classifier, Flow, Handler, Reply
-from policies.core.outcome import Outcome
+from policies.core.outcome import TERMINAL_STATUSES, Outcome
 from policies.core.section import Build, Link, Section
 from policies.core.settings import one_of, parse_duration, section, text, whole_in
 from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query
 from policies.simplify import simplify_query
 
-# Statuses that mean "this exact request will fail again": bad key, no credits, bad input.
-TERMINAL_STATUSES = frozenset({400, 401, 402, 403, 422})
 LOOP_GUARD_ENTRIES = 10_000
 
 
