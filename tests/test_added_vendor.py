@@ -242,7 +242,10 @@ def test_the_readme_adds_this_vendor_in_one_new_module_and_two_registry_lines() 
     ]
     namespace: dict[str, Any] = {}
     exec(
-        compile("\n".join(added["policies/vendors/acme.py"]), "docs/development.md: acme.py", "exec"), namespace
+        compile(
+            "\n".join(added["policies/vendors/acme.py"]), "docs/development.md: acme.py", "exec"
+        ),
+        namespace,
     )
     shown = namespace["ACME"]
     # The data alike; the functions (its error shape, its option converters) doing the same.

@@ -1,6 +1,6 @@
-"""The chain's registry is the only place a policy is wired: docs/development.md's example policy, run
-as its own module and registered with one line, is parsed, checked, printed back and built into
-a route, at its place in the chain, through a real proxy on loopback."""
+"""The chain's registry is the only place a policy is wired: docs/development.md's example
+policy, run as its own module and registered with one line, is parsed, checked, printed back and
+built into a route, at its place in the chain, through a real proxy on loopback."""
 
 from __future__ import annotations
 
