@@ -24,6 +24,7 @@ from proxy.config import (
     Config,
     ConfigError,
     ConfigErrors,
+    InvalidConfig,
     load_config,
     redacted,
     secret_values,
@@ -94,10 +95,23 @@ def _report(exc: ConfigError) -> None:
 
 def _load(path: str) -> Config:
     """The config in `path`, parsed and built as start-up builds it (no port, no Redis command):
-    a config this returns cannot fail start-up; anything else is a ConfigError."""
-    config = load_config(path)
+    a config this returns cannot fail start-up; anything else is a ConfigError, with every
+    mistake found in one run (start-up's token checks beside the document's own errors)."""
+    try:
+        config = load_config(path)
+    except InvalidConfig as exc:
+        raise ConfigErrors([*exc.errors, *_startup_errors(exc.partial)]) from None
     asyncio.run(check_startup(config))
     return config
+
+
+def _startup_errors(partial: Config) -> tuple[ConfigError, ...]:
+    """What start-up refuses in the parts of a broken config that parsed (a weak token ...)."""
+    try:
+        asyncio.run(check_startup(partial, whole=False))
+    except ConfigErrors as exc:
+        return exc.errors
+    return ()
 
 
 def check_config(path: str) -> int:

@@ -16,7 +16,7 @@ from policies.core.settings import (
     parse_rate,
     parse_size,
 )
-from proxy.config.document import load_config, parse_config
+from proxy.config.document import InvalidConfig, load_config, parse_config
 from proxy.config.loading import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -49,6 +49,7 @@ __all__ = [
     "ConfigError",
     "ConfigErrors",
     "HeaderRules",
+    "InvalidConfig",
     "LogConfig",
     "McpServerConfig",
     "RedisConfig",

@@ -16,8 +16,8 @@ from policies.core.route import RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
 from policies.vendors.custom import parse_profile
-from proxy.config.loading import interpolate_into, read_document
-from proxy.config.routes import check_routes, parse_route, route_config
+from proxy.config.loading import DuplicateKeys, interpolate_into, read_document
+from proxy.config.routes import check_references, check_routes, parse_route, route_config
 from proxy.config.sections import (
     Config,
     LogConfig,
@@ -53,9 +53,30 @@ _SECTION_PARSERS: dict[str, Parser] = {
 }
 
 
+class InvalidConfig(ConfigErrors):
+    """Every mistake of a config that parsed as a document. `partial` holds what parsed (the
+    sections and routes without errors), for the checks made after parsing (start-up's tokens)
+    to report in the same run."""
+
+    def __init__(self, errors: list[ConfigError], partial: Config) -> None:
+        super().__init__(errors)
+        self.partial = partial
+
+
 def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate a YAML file; every failure is a ConfigError."""
-    return parse_config(read_document(path), env)
+    """Read and validate a YAML file; every failure is a ConfigError, and every mistake of a
+    document YAML can read (repeated keys included) is reported together, as InvalidConfig."""
+    try:
+        raw, repeated = read_document(path), []
+    except DuplicateKeys as exc:
+        raw, repeated = exc.document, list(exc.errors)
+    try:
+        config = parse_config(raw, env)
+    except InvalidConfig as exc:
+        raise InvalidConfig([*repeated, *exc.errors], exc.partial) from None
+    if repeated:
+        raise InvalidConfig(repeated, config)
+    return config
 
 
 def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
@@ -88,12 +109,15 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         collect.add("routes", "expected a mapping of at least one route")
         routes_raw = {}
     routes: dict[str, RouteConfig] = {}
+    broken: dict[str, dict[str, Any]] = {}  # the parts that parsed of routes that did not
     seen: dict[str, str] = {}
     for name, body in routes_raw.items():
         before = len(collect.errors)
         parts = parse_route(name, body, f"routes.{name}", collect)
         if len(collect.errors) == before:
             routes[name] = route_config(name, parts)
+        else:
+            broken[name] = parts
         # Checked on the sections that parsed, even when the route's others did not.
         prefix, searching = parts.get("prefix"), parts.get(search.SECTION.key)
         if prefix in seen:
@@ -109,6 +133,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
                 f"unknown vendor {searching.vendor!r} (known: {', '.join(sorted(profiles))})",
             )
     collect.errors += check_routes(routes, routes_raw)
+    collect.errors += check_references(broken, routes, routes_raw)
 
     search_api = sections.get("search_api", SearchApiConfig())
     for i, provider in enumerate(search_api.providers):
@@ -142,9 +167,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
 
     # A value whose variable is unset is reported once, as unset, not also as malformed.
     found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
-    if found:
-        raise ConfigErrors(found)
-    return Config(
+    config = Config(
         routes=MappingProxyType(routes),
         server=sections.get("server", ServerConfig()),
         redis=sections.get("redis"),
@@ -154,3 +177,6 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         clients=sections.get("clients", MappingProxyType({})),
         mcp_server=mcp_server,
     )
+    if found:
+        raise InvalidConfig(found, config)
+    return config

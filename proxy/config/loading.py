@@ -21,6 +21,15 @@ MAX_DEPTH = 64
 MAX_VALUES = 100_000
 
 
+class DuplicateKeys(ConfigErrors):
+    """Keys repeated in their mapping. `document` is the file as YAML reads it (the last of
+    each repeated key wins), so the rest of the config can be checked in the same run."""
+
+    def __init__(self, errors: list[ConfigError], document: Any) -> None:
+        super().__init__(errors)
+        self.document = document
+
+
 class _Refused(yaml.MarkedYAMLError):
     """A document PyYAML would read, refused because reading it further would exhaust us."""
 
@@ -88,7 +97,8 @@ def interpolate_into(node: Any, env: Mapping[str, str], path: str, collect: Coll
 
 def read_document(path: str | Path) -> Any:
     """The YAML document in file `path`. A file that cannot be read, is not UTF-8, is not YAML,
-    repeats a key, or is too big, deep or alias-expanded to handle is a ConfigError."""
+    or is too big, deep or alias-expanded to handle is a ConfigError; one that repeats a key is
+    DuplicateKeys, which carries the document all the same."""
     try:
         with open(path, "rb") as file:
             data = file.read(MAX_CONFIG_BYTES + 1)
@@ -110,9 +120,10 @@ def read_document(path: str | Path) -> Any:
             if node is None:
                 return None
             duplicates = _duplicate_keys(loader, node)
+            document = loader.construct_document(node)
             if duplicates:
-                raise ConfigErrors(duplicates)
-            return loader.construct_document(node)
+                raise DuplicateKeys(duplicates, document)
+            return document
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:
