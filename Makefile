@@ -11,12 +11,15 @@ TIER   ?=
 
 .PHONY: run test lint format bench venv redis-server deploy-tools check-config clean
 
-# `make run PORT=9000 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST and PORT override the
-# config's server section. `:=` ignores a PORT or HOST in the environment; the command line wins.
+# `make run PORT=9000 ADMIN_PORT=9001 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST, PORT
+# and ADMIN_PORT override the config's server section (a second instance needs both ports).
+# `:=` ignores them in the environment; the command line wins.
 HOST :=
 PORT :=
+ADMIN_PORT :=
+LISTEN = $(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))$(if $(ADMIN_PORT), --admin-port $(ADMIN_PORT))
 run: $(RUN_STAMP)
-	$(BIN)/search-proxy --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
+	$(BIN)/search-proxy --config $(CONFIG)$(LISTEN)
 
 # Only the deploy tier (or the whole suite) needs promtool and docker-compose.
 test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools)

@@ -95,15 +95,26 @@ def skipped(provider: Provider, search: Search, *, own_key: bool = False) -> Ans
     """Why `provider` is not asked now (no key configured and none sent, its circuit open), or
     None when it may be."""
     if provider.missing_key is not None and not own_key:
-        header, name = provider.missing_key, provider.name
-        why = f"has no API key configured (its {header} header is empty: set the variable"
-        why += f" in routes.{name}.headers.set, or send credentials.{name})"
-        return Answer(name, "skipped", search.query, reason=why, terminal=True)
+        return Answer(
+            provider.name, "skipped", search.query, reason=_no_key(provider), terminal=True
+        )
     wait = provider.circuit_open()
     if wait is not None:
         why = f"circuit open (retry in {seconds_text(wait)})"
         return Answer(provider.name, "skipped", search.query, reason=why, retry_after_s=wait)
     return None
+
+
+def _no_key(provider: Provider) -> str:
+    """Why a provider without a key of its own is skipped, and what to set."""
+    name, header, variable = provider.name, provider.missing_key, provider.key_variable
+    where = f"routes.{name}.headers.set.{header}"
+    if variable is not None:
+        return (
+            f"has no API key: {variable} is not set ({where} reads it); export {variable} "
+            f"before starting the proxy, or send credentials.{name}"
+        )
+    return f"has no API key configured ({where} is empty): set it, or send credentials.{name}"
 
 
 async def ask(

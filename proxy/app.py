@@ -38,6 +38,7 @@ from proxy.metrics import Metrics
 from proxy.pipeline import Deps, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi, SearchTrace
+from proxy.startup import warn_missing_keys
 from proxy.state import STATE, ProxyState
 
 __all__ = ["STATE", "build_admin_app", "build_app", "client_identity"]
@@ -50,6 +51,8 @@ REFUSED_METHODS = frozenset({"CONNECT", "TRACE", "TRACK"})
 ROUTE_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 # The route label /v1/search is counted under in the request metrics (/mcp: its path).
 SEARCH_LABEL = "/v1/search"
+# Set on the admin endpoints' own application: its 404 lists them.
+ADMIN_LISTENER = web.AppKey("admin_listener", bool)
 
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
@@ -270,10 +273,32 @@ async def admin_endpoint(request: web.Request) -> web.Response:
 async def admin_elsewhere(request: web.Request) -> web.Response:
     """/admin/* on the agents' port: not here, and says where."""
     err = NotFound(
-        "the admin endpoints are not served on this port: they have a listener of their own "
-        "(server.admin_host:server.admin_port, 127.0.0.1:8081 unless configured)"
+        "the admin endpoints are not served on this port: they have a listener of their own, "
+        f"at {request.app[STATE].admin_at()} (server.admin_host:server.admin_port, or "
+        "--admin-port)"
     )
     return error_response(err, request_id(request))
+
+
+def _not_found(request: web.Request) -> NotFound:
+    """A path no handler of this listener takes: on the admin listener, the admin endpoints it
+    serves and where agents go instead; on the agents' port, where requests go."""
+    path = repr(request.raw_path)
+    if not request.app.get(ADMIN_LISTENER, False):
+        return NotFound(
+            f"{path} is not a path this proxy serves; send requests to a route prefix such as "
+            "/tavily/search"
+        )
+    served = ", ".join(
+        f"{route.method} {route.resource.canonical}"
+        for route in request.app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    )
+    agents = request.app[STATE].agents_address or "the agents' port (server.port)"
+    return NotFound(
+        f"{path} is not an admin endpoint; this listener serves {served}. Agents' requests "
+        f"(route prefixes such as /tavily/search, /v1/search, /mcp) go to {agents}"
+    )
 
 
 @web.middleware
@@ -294,10 +319,7 @@ async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamR
                 headers={"Allow": allowed},
             )
         elif isinstance(exc, web.HTTPNotFound):
-            err = NotFound(
-                f"{request.raw_path!r} is not a path this proxy serves; send requests to a "
-                "route prefix such as /tavily/search"
-            )
+            err = _not_found(request)
         elif isinstance(exc, web.HTTPRequestEntityTooLarge):
             limit = request.app[STATE].config.server.max_body_bytes
             err = PayloadTooLarge(
@@ -347,6 +369,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         label: state.metrics.route(label) for label in (SEARCH_LABEL, state.config.mcp_server.path)
     }
     _identify_clients(state)
+    warn_missing_keys(state.routes, state.config.search_api.providers)
     for route in state.routes.values():
         if route.breaker is not None:
             await route.breaker.start()
@@ -446,6 +469,7 @@ def build_admin_app(app: web.Application) -> web.Application:
     whose start-up builds the routes they act on."""
     admin = web.Application(middlewares=[own_error_shape])
     admin[STATE] = app[STATE]
+    admin[ADMIN_LISTENER] = True
     admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
     admin.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
     admin.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -18,7 +19,7 @@ import yaml
 from aiohttp import web
 
 from proxy import __version__
-from proxy.app import build_admin_app, build_app
+from proxy.app import STATE, build_admin_app, build_app
 from proxy.capacity import LISTEN_BACKLOG, OverloadLog, connection_budget
 from proxy.config import (
     Config,
@@ -33,6 +34,7 @@ from proxy.guard import CUT_MARGIN_S, GuardedRunner
 from proxy.logs import configure_logging
 from proxy.redact import REDACTED
 from proxy.startup import check_startup
+from proxy.state import address
 
 EXIT_CONFIG = 2
 
@@ -130,17 +132,32 @@ def check_config(path: str) -> int:
 
 
 class CannotListen(Exception):
-    """A listening socket could not be opened (address in use, no permission ...)."""
+    """A listening socket could not be opened (address in use, no permission ...); the message
+    names the listener and how to give it another port."""
 
-    def __init__(self, host: str, port: int, reason: str) -> None:
-        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+    def __init__(self, host: str, port: int, reason: str, listener: Listener) -> None:
+        what, flags = listener
+        super().__init__(
+            f"cannot listen on {address(host, port)}{what}: {reason}; choose another port "
+            f"with {flags}"
+        )
 
 
-async def _listen(site: web.TCPSite, host: str, port: int) -> None:
+Listener = tuple[str, str]  # what it is (after its address), how to give it another port
+AGENTS: Listener = ("", "--port or server.port (make run PORT=...)")
+ADMIN: Listener = (
+    " for the admin endpoints",
+    "--admin-port or server.admin_port (make run ADMIN_PORT=...; 0 = any free port)",
+)
+
+
+async def _listen(site: web.TCPSite, host: str, port: int, listener: Listener) -> None:
     try:
         await site.start()
     except OSError as exc:
-        raise CannotListen(host, port, exc.strerror or str(exc)) from exc
+        # asyncio's strerror repeats the address ("error while attempting to bind on ...").
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CannotListen(host, port, reason, listener) from exc
 
 
 async def serve(config: Config, host: str, port: int, admin_port: int | None = None) -> None:
@@ -185,9 +202,10 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
     admin_port = config.server.admin_port if admin_port is None else admin_port
     try:
         site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True)
-        await _listen(site, host, port)
+        await _listen(site, host, port, AGENTS)
         await admin_runner.setup()
-        await _listen(web.TCPSite(admin_runner, admin_host, admin_port), admin_host, admin_port)
+        admin_site = web.TCPSite(admin_runner, admin_host, admin_port)
+        await _listen(admin_site, admin_host, admin_port, ADMIN)
     except CannotListen:
         if admin_runner.server is not None:
             await admin_runner.cleanup()
@@ -198,6 +216,8 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
     gc.freeze()
     bound = runner.addresses[0]
     admin_bound = admin_runner.addresses[0]
+    app[STATE].agents_address = address(bound[0], bound[1])
+    app[STATE].admin_address = address(admin_bound[0], admin_bound[1])
     log.info(
         "listening",
         host=bound[0],

@@ -37,6 +37,20 @@ class ProxyState:
     log_requests: bool = True
     # The request metrics of the endpoints that are not routes (/v1/search, /mcp), by label.
     endpoint_metrics: dict[str, RouteMetrics] = field(default_factory=dict)
+    # Where the listeners are bound (host:port), once they are: what a 404 on one names for the
+    # other. Until then (an app served by a test client) the config's admin address stands in.
+    agents_address: str | None = None
+    admin_address: str | None = None
+
+    def admin_at(self) -> str:
+        """The admin listener's address, as bound or as configured."""
+        server = self.config.server
+        return self.admin_address or address(server.admin_host, server.admin_port)
+
+
+def address(host: str, port: int) -> str:
+    """`host:port`, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 STATE = web.AppKey("state", ProxyState)

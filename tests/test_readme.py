@@ -470,7 +470,10 @@ async def test_v1_search_without_keys_refuses_and_names_the_missing_key(
     assert r.status == 502
     err = (await r.json())["error"]
     assert err["type"] == "all_providers_refused"
-    assert "tavily has no API key configured (its Authorization header is empty" in err["message"]
+    assert (
+        "tavily has no API key: TAVILY_API_KEY is not set (routes.tavily.headers.set.Authorization"
+        " reads it); export TAVILY_API_KEY before starting the proxy, or send credentials.tavily"
+    ) in err["message"]
     assert vendor.count() == 0
 
 

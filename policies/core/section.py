@@ -97,6 +97,8 @@ class Provider:
     missing_key: str | None
     # Seconds until its open circuit lets a probe through; None while it is not open.
     circuit_open: Callable[[], float | None]
+    # The environment variable the empty key header reads, when it reads one: what to export.
+    key_variable: str | None = None
 
 
 @dataclass

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from policies import ratelimit, search
-from policies.core.route import RouteConfig
+from policies.core.route import HeaderRules, RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
 from policies.vendors.custom import parse_profile
@@ -83,7 +83,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
     """Validate a YAML document (already loaded) into a Config."""
     env = os.environ if env is None else env
     collect = Collector()
-    doc = interpolate_into(raw, env, "", collect)
+    sources: dict[str, tuple[str, ...]] = {}
+    doc = interpolate_into(raw, env, "", collect, sources)
     interpolated = len(collect.errors)
     unset = {error.path for error in collect.errors}
     data = collect.keys(doc, "", TOP_LEVEL_KEYS, required=("routes",))
@@ -114,6 +115,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
     for name, body in routes_raw.items():
         before = len(collect.errors)
         parts = parse_route(name, body, f"routes.{name}", collect)
+        if "headers" in parts:
+            parts["headers"] = _with_variables(parts["headers"], f"routes.{name}", sources)
         if len(collect.errors) == before:
             routes[name] = route_config(name, parts)
         else:
@@ -180,3 +183,15 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
     if found:
         raise InvalidConfig(found, config)
     return config
+
+
+def _with_variables(
+    headers: HeaderRules, route: str, sources: Mapping[str, tuple[str, ...]]
+) -> HeaderRules:
+    """`headers` knowing, for each value set from the environment, the variable it read."""
+    read = {
+        name: found[0]
+        for name in headers.set
+        if (found := sources.get(f"{route}.headers.set.{name}"))
+    }
+    return replace(headers, variables=MappingProxyType(read)) if read else headers

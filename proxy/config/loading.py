@@ -74,13 +74,28 @@ def interpolate(node: Any, env: Mapping[str, str], path: str = "") -> Any:
     return done
 
 
-def interpolate_into(node: Any, env: Mapping[str, str], path: str, collect: Collector) -> Any:
-    """`interpolate`, recording each missing variable and leaving its `${VAR}` in place."""
+def interpolate_into(
+    node: Any,
+    env: Mapping[str, str],
+    path: str,
+    collect: Collector,
+    sources: dict[str, tuple[str, ...]] | None = None,
+) -> Any:
+    """`interpolate`, recording each missing variable and leaving its `${VAR}` in place. With
+    `sources`, the variables each interpolated string read are recorded by its YAML path: once
+    replaced, only they can say which variable to export for a value that came out empty."""
     if isinstance(node, dict):
-        return {k: interpolate_into(v, env, join(path, str(k)), collect) for k, v in node.items()}
+        return {
+            k: interpolate_into(v, env, join(path, str(k)), collect, sources)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
-        return [interpolate_into(v, env, f"{path}[{i}]", collect) for i, v in enumerate(node)]
+        return [
+            interpolate_into(v, env, f"{path}[{i}]", collect, sources) for i, v in enumerate(node)
+        ]
     if isinstance(node, str) and "${" in node:
+        if sources is not None:
+            sources[path] = tuple(m.group(1) for m in _ENV.finditer(node))
 
         def sub(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
