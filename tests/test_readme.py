@@ -472,7 +472,8 @@ async def test_v1_search_without_keys_refuses_and_names_the_missing_key(
     assert err["type"] == "all_providers_refused"
     assert (
         "tavily has no API key: TAVILY_API_KEY is not set (routes.tavily.headers.set.Authorization"
-        " reads it); export TAVILY_API_KEY before starting the proxy, or send credentials.tavily"
+        " reads it); export TAVILY_API_KEY before starting the proxy (or, on /v1/search, send"
+        " credentials.tavily)"
     ) in err["message"]
     assert vendor.count() == 0
 

@@ -209,7 +209,8 @@ async def test_v1_search_skips_a_provider_whose_key_is_not_set(aiohttp_server, s
     assert only.status == 502 and err["type"] == "all_providers_refused"
     assert (
         "tavily has no API key: TAVILY_API_KEY is not set (routes.tavily.headers.set.Authorization"
-        " reads it); export TAVILY_API_KEY before starting the proxy, or send credentials.tavily"
+        " reads it); export TAVILY_API_KEY before starting the proxy (or, on /v1/search, send"
+        " credentials.tavily)"
     ) in err["message"]
 
 
@@ -221,7 +222,7 @@ async def test_a_key_configured_empty_names_the_header_to_set(aiohttp_server, st
     assert r.status == 502 and first.count() == 0
     assert (
         "tavily has no API key configured (routes.tavily.headers.set.Authorization is empty): "
-        "set it, or send credentials.tavily"
+        "set it (or, on /v1/search, send credentials.tavily)"
     ) in (await r.json())["error"]["message"]
 
 
