@@ -15,8 +15,8 @@ from referencing.jsonschema import DRAFT202012
 from policies.core.clock import ManualClock
 from proxy.openapi import option_support
 from proxy.search_api import FIELDS
+from proxy.testing.fakevendor.vendors import params_of
 from testkit.fakevendor import VENDORS, FakeVendor, expected_urls
-from testkit.fakevendor.vendors import params_of
 from tests.conftest import route
 
 RETRY = {"attempts": 1}
