@@ -1,4 +1,5 @@
-# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite
+# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite;
+# `make demo` serves a demo with fake vendors, no keys needed
 # (`make test TIER=unit`: one tier, unit|integration|e2e|deploy, see tests/conftest.py).
 PYTHON ?= python3
 VENV   := .venv
@@ -9,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
 TIER   ?=
 
-.PHONY: run test lint format bench venv redis-server deploy-tools check-config clean
+.PHONY: run demo test lint format bench venv redis-server deploy-tools check-config clean
 
 # `make run PORT=9000 ADMIN_PORT=9001 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST, PORT
 # and ADMIN_PORT override the config's server section (a second instance needs both ports).
@@ -20,6 +21,11 @@ ADMIN_PORT :=
 LISTEN = $(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))$(if $(ADMIN_PORT), --admin-port $(ADMIN_PORT))
 run: $(RUN_STAMP)
 	$(BIN)/search-proxy --config $(CONFIG)$(LISTEN)
+
+# The proxy on proxy/testing/demo.yaml with a fake vendor behind each route: no keys, no network;
+# in the foreground, Ctrl-C stops it all. PORT, ADMIN_PORT and HOST as for `make run`.
+demo: $(RUN_STAMP)
+	$(BIN)/python -m proxy.testing.demo$(LISTEN)
 
 # Only the deploy tier (or the whole suite) needs promtool and docker-compose.
 test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools)

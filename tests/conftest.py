@@ -39,6 +39,8 @@ TIER_OF_MODULE = {
     "test_client_gate": "unit",
     "test_config": "unit",
     "test_deploy": "deploy",
+    "test_docs": "e2e",
+    "test_embed": "integration",
     "test_envelope": "integration",
     "test_fakemcp": "integration",
     "test_fakevendor": "integration",
@@ -70,6 +72,8 @@ TIER_OF_MODULE = {
     "test_mcp_policy": "unit",
     "test_mcp_route": "integration",
     "test_mcp2_client": "e2e",
+    "test_plugin": "e2e",
+    "test_tour": "e2e",
 }
 
 

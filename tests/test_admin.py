@@ -152,7 +152,8 @@ def test_admin_on_a_non_loopback_address_without_a_token_refuses_to_start(tmp_pa
             assert json.loads(answer.read()) == {"breakers": {}}
 
 
-def _get(url: str) -> tuple[int, dict]:
+def get_json(url: str) -> tuple[int, dict]:
+    """The status and JSON body of a GET, error statuses included."""
     try:
         with urllib.request.urlopen(url, timeout=5) as answer:
             return answer.status, json.loads(answer.read())
@@ -165,11 +166,11 @@ def test_each_listeners_404_names_the_other_listeners_real_address(vendor):
     """With both ports chosen at start-up (0), the agents' port names where the admin endpoints
     really are, and the admin listener lists its endpoints and names the agents' port."""
     with ProxyProcess({"routes": {"tavily": cached_route(vendor)}}) as proxy:
-        status, body = _get(f"{proxy.url}/admin/breakers")
+        status, body = get_json(f"{proxy.url}/admin/breakers")
         assert status == 404
         assert f"at 127.0.0.1:{proxy.admin_port} (server.admin_host" in body["error"]["message"]
 
-        status, body = _get(f"{proxy.admin_url}/tavily/search")
+        status, body = get_json(f"{proxy.admin_url}/tavily/search")
         assert status == 404 and body["error"]["type"] == "no_route"
         message = body["error"]["message"]
         assert message.startswith("'/tavily/search' is not an admin endpoint; this listener serves")
