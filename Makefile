@@ -10,7 +10,7 @@ TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
 TIER   ?=
 
-.PHONY: run demo test lint format bench venv redis-server deploy-tools check-config clean
+.PHONY: run demo test lint format bench venv redis-server curl deploy-tools check-config clean
 
 # `make run PORT=9000 ADMIN_PORT=9001 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST, PORT
 # and ADMIN_PORT override the config's server section (a second instance needs both ports).
@@ -28,7 +28,7 @@ demo: $(RUN_STAMP)
 	$(BIN)/python -m proxy.testing.demo$(LISTEN)
 
 # Only the deploy tier (or the whole suite) needs promtool and docker-compose.
-test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools)
+test: $(TEST_STAMP) redis-server curl $(if $(filter-out deploy,$(TIER)),,deploy-tools)
 	$(BIN)/pytest -q $(if $(TIER),-m $(TIER)) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
@@ -78,6 +78,10 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 
 redis-server:
 	@sh scripts/ensure-package.sh redis-server redis-server
+
+# The README's tour and docs/ show curl commands; tests/test_tour.py and test_docs.py run them.
+curl:
+	@sh scripts/ensure-package.sh curl curl
 
 # promtool checks the alert rules; docker-compose checks the compose file (no engine needed).
 deploy-tools:
