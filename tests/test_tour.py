@@ -1,8 +1,9 @@
 """The README's quick start and five-minute tour, walked as written on a fresh clone: `git clone`
-of this repository (what is committed) into a temporary directory, each command run there in a process of its own
-(make included), the proxy's documented ports swapped for free ones (PORT=, ADMIN_PORT=, as the
-README says). The clone reuses this checkout's venv through a `.venv` of links, with make's own
-stamps saying it is installed, so nothing is pip-installed into a shared venv.
+of this repository (what is committed) into a temporary directory, each command run there in a
+process of its own (make included), the proxy's documented ports swapped for free ones (PORT=,
+ADMIN_PORT=, as the README says). The clone reuses this checkout's venv through a `.venv` of
+links, with make's own stamps saying it is installed, so nothing is pip-installed into a shared
+venv.
 
 `make test` runs with PYTEST_ARGS=--collect-only: the suite it would run is this one."""
 
@@ -197,4 +198,3 @@ def test_the_tour_runs_as_written_against_make_demo(
     for listener in (port, admin_port):
         refused = subprocess.run(["curl", "-s", f"localhost:{listener}/healthz"], timeout=10)
         assert refused.returncode == 7  # curl: could not connect
-
