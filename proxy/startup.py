@@ -66,7 +66,8 @@ async def check_startup(config: Config, *, whole: bool = True) -> None:
 
 def warn_missing_keys(routes: Mapping[str, Route], providers: Sequence[str]) -> None:
     """One warning naming what to set for each provider of /v1/search and /mcp that has no key
-    of its own (its key's variable unset): until then both skip it, and say so only when asked."""
+    of its own (its key's variable unset): both skip it, and otherwise only a request refused
+    for it would say so."""
     unkeyed = {
         name: route.key_variable or f"routes.{name}.headers.set.{route.missing_key}"
         for name in providers
