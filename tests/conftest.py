@@ -45,6 +45,7 @@ TIER_OF_MODULE = {
     "test_hostile_config": "e2e",
     "test_upstream": "integration",
     "test_redis_recovery": "integration",
+    "test_redis_commands": "integration",
     "test_process": "e2e",
     "test_profiles": "unit",
     "test_proxy_core": "integration",
