@@ -22,6 +22,8 @@ from testkit.waiting import wait_until
 SERVICE = "mymaster"
 SENTINEL_DOWN_AFTER_MS = 1000
 CLUSTER_NODE_TIMEOUT_MS = 1000
+# Redis 7 waits 5 s for more replicas before a diskless full sync; ours come at once.
+_SYNC_NOW = ["--repl-diskless-sync-delay", "0"]
 
 
 @dataclass(frozen=True)
@@ -149,6 +151,7 @@ class SentinelSet:
         binary = _binary()
         master_port, replica_port = free_port(), free_port()
         base = ["--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--protected-mode", "no"]
+        base += _SYNC_NOW
         self.nodes: list[Node] = []
         for name, port, extra in (
             ("redis-master", master_port, []),
@@ -205,10 +208,12 @@ class SentinelSet:
             sentinel.start()
         for sentinel in self.sentinels:
             sentinel.wait_ready()
-        # Every sentinel knows the replica and the other sentinels before anything is killed,
-        # or a failover has nobody to vote for it.
-        wait_until(self._sentinels_agree, 20, interval=0.1)
         return self
+
+    def wait_agreed(self, within: float = 20.0) -> None:
+        """Until every sentinel knows the replica and the other sentinels (they announce
+        themselves every 2 s), without which a failover has nobody to vote for it."""
+        wait_until(self._sentinels_agree, within, interval=0.1)
 
     def _replica_in_sync(self) -> bool:
         with contextlib.suppress(redis.RedisError, OSError):
@@ -246,7 +251,8 @@ class SentinelSet:
         return self.node(self.master_port())
 
     def kill_master(self) -> int:
-        """SIGKILL the master; returns its port."""
+        """SIGKILL the master once the sentinels are ready to replace it; returns its port."""
+        self.wait_agreed()
         master = self.master
         master.kill()
         return master.port
@@ -294,7 +300,7 @@ class ClusterSet:
             argv = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
             argv += ["--protected-mode", "no", "--dir", str(data), "--cluster-enabled", "yes"]
             argv += ["--cluster-config-file", "nodes.conf", "--cluster-port", str(bus)]
-            argv += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS)]
+            argv += ["--cluster-node-timeout", str(CLUSTER_NODE_TIMEOUT_MS), *_SYNC_NOW]
             argv += self.access.server_args(port)
             self.nodes.append(Node(f"redis-cluster-{i}", port, argv, self.access))
 

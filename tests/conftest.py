@@ -46,6 +46,8 @@ TIER_OF_MODULE = {
     "test_upstream": "integration",
     "test_redis_recovery": "integration",
     "test_redis_commands": "integration",
+    "test_redis_ha": "e2e",
+    "test_redis_config": "unit",
     "test_process": "e2e",
     "test_profiles": "unit",
     "test_proxy_core": "integration",

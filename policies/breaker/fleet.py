@@ -11,13 +11,18 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 
 import structlog
-from redis.exceptions import RedisError
 
 from policies.breaker.config import RECORD_TTL
 from policies.breaker.machine import Change, Circuit
 from policies.breaker.snapshot import Snapshot, parse_snapshot, snapshot_from_hash
 from policies.core.clock import Clock
-from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
+from policies.core.redislink import (
+    LATE,
+    LATE_GUARD_LUA,
+    REDIS_FAILURES,
+    UNAVAILABLE,
+    RedisLink,
+)
 
 log = structlog.get_logger("search_proxy.breaker")
 
@@ -153,7 +158,7 @@ class RedisBreakerState:
                         finally:
                             ready.set()
                     data = await subscription.get(retry_every)
-                except (RedisError, OSError) as exc:
+                except REDIS_FAILURES as exc:
                     if not lost:
                         lost = True
                         log.warning("breaker_subscription_lost", route=self._route, error=str(exc))

@@ -23,7 +23,7 @@ import structlog
 from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPubSub, RedisCluster
-from redis.exceptions import RedisError
+from redis.exceptions import RedisClusterException, RedisError
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.events import Events, NullEvents
@@ -46,6 +46,10 @@ class _Unavailable(enum.Enum):
 
 
 UNAVAILABLE: Final = _Unavailable.UNAVAILABLE
+
+# What "Redis could not be used" looks like: redis-py's errors, its cluster client's own (a
+# slot no node serves during a failover is not a RedisError), sockets and timeouts.
+REDIS_FAILURES: Final = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 # How often the offset between our clock and Redis's is measured again (clocks drift or step).
 OFFSET_MAX_AGE = 60.0
@@ -157,7 +161,7 @@ class RedisLink:
                 if self._offset is None or SYSTEM_CLOCK.now() - self._offset_at > OFFSET_MAX_AGE:
                     await self._measure_offset()
                 value = await op(self.client)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return UNAVAILABLE
         self.mark_up()
@@ -212,7 +216,7 @@ class RedisLink:
         try:
             async with asyncio.timeout(self.timeout * 3):
                 await self.client.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return False
         self.mark_up()
@@ -279,7 +283,7 @@ class Subscription:
         return self._pubsub is not None
 
     async def subscribe(self) -> None:
-        """Subscribe now; RedisError or OSError when Redis cannot be reached."""
+        """Subscribe now; one of REDIS_FAILURES when Redis cannot be reached."""
         if self._pubsub is not None:
             return
         client = self._link.client
@@ -296,7 +300,7 @@ class Subscription:
 
     async def get(self, wait: float) -> bytes | None:
         """The next message's data, or None after `wait` s without one (subscribing first if
-        need be); RedisError or OSError when the connection fails, which is then dropped."""
+        need be); one of REDIS_FAILURES when the connection fails, which is then dropped."""
         try:
             await self.subscribe()
             pubsub = self._pubsub
@@ -307,7 +311,7 @@ class Subscription:
                 )
             else:
                 message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
-        except (RedisError, OSError):
+        except REDIS_FAILURES:
             await self.close()
             raise
         if message is None or message.get("type") not in ("message", "smessage"):
@@ -322,5 +326,5 @@ class Subscription:
 
 
 async def _close(pubsub: PubSub | ClusterPubSub) -> None:
-    with contextlib.suppress(RedisError, OSError):
+    with contextlib.suppress(*REDIS_FAILURES):
         await pubsub.aclose()
