@@ -26,14 +26,23 @@ CLUSTER_NODE_TIMEOUT_MS = 1000
 _SYNC_NOW = ["--repl-diskless-sync-delay", "0"]
 
 
+# What the proxy's ACL user may run (deploy/README.md documents the same rule): reads, writes,
+# scripts, pub/sub and connecting, Redis's clock, and the cluster's layout.
+PROXY_COMMANDS = "+@read +@write +@scripting +@pubsub +@connection +time +cluster|slots"
+_ADMIN = "admin"  # replication, sentinels and these helpers log in as it when users are on
+
+
 @dataclass(frozen=True)
 class Access:
-    """How clients and nodes get in: an ACL user (the default user is then off) and TLS files
-    (every port is then TLS only, clients must show a certificate the CA signed)."""
+    """How clients and nodes get in: an ACL user for the proxy, allowed PROXY_COMMANDS on keys
+    and channels matching `keys` (the default user is then off, and an admin user with the same
+    password does the rest), and TLS files (every port is then TLS only, and clients must show a
+    certificate the CA signed)."""
 
     user: str | None = None
     password: str | None = None
     tls: TlsFiles | None = None
+    keys: str = "*"
 
     def server_args(self, port: int) -> list[str]:
         """redis-server arguments: its port, TLS and users."""
@@ -44,16 +53,19 @@ class Access:
             args += ["--tls-key-file", t.key, "--tls-ca-cert-file", t.ca]
             args += ["--tls-replication", "yes", "--tls-cluster", "yes"]
         if self.user is not None:
+            secret = f">{self.password}"
             args += ["--user", "default", "off"]
-            args += ["--user", self.user, "on", f">{self.password}", "~*", "&*", "+@all"]
-            args += ["--masteruser", self.user, "--masterauth", str(self.password)]
+            args += ["--user", _ADMIN, "on", secret, "~*", "&*", "+@all"]
+            rule = [f"~{self.keys}", f"&{self.keys}", *PROXY_COMMANDS.split()]
+            args += ["--user", self.user, "on", secret, *rule]
+            args += ["--masteruser", _ADMIN, "--masterauth", str(self.password)]
         return args
 
     def client_kwargs(self) -> dict[str, Any]:
-        """redis-py connection arguments for a client of these nodes."""
+        """redis-py connection arguments for these helpers (the admin user, when users are on)."""
         kwargs: dict[str, Any] = {}
         if self.user is not None:
-            kwargs.update(username=self.user, password=self.password)
+            kwargs.update(username=_ADMIN, password=self.password)
         if self.tls is not None:
             kwargs.update(ssl=True, ssl_ca_certs=self.tls.ca)
             kwargs.update(ssl_certfile=self.tls.client_cert, ssl_keyfile=self.tls.client_key)
@@ -66,11 +78,11 @@ class Access:
             t = self.tls
             args += ["--tls", "--cacert", t.ca, "--cert", t.client_cert, "--key", t.client_key]
         if self.user is not None:
-            args += ["--user", self.user, "--pass", str(self.password), "--no-auth-warning"]
+            args += ["--user", _ADMIN, "--pass", str(self.password), "--no-auth-warning"]
         return args
 
     def config(self) -> dict[str, Any]:
-        """The proxy's `redis:` keys that reach these nodes (besides where they are)."""
+        """The proxy's `redis:` keys that reach these nodes as its ACL user (besides where)."""
         found: dict[str, Any] = {}
         if self.user is not None:
             found.update(username=self.user, password=self.password)
@@ -181,7 +193,7 @@ class SentinelSet:
         else:
             lines.append(f"port {port}")
         if access.user is not None:
-            lines += [f"sentinel auth-user {SERVICE} {access.user}"]
+            lines += [f"sentinel auth-user {SERVICE} {_ADMIN}"]
             lines += [f"sentinel auth-pass {SERVICE} {access.password}"]
         conf = self.dir / f"sentinel-{i}.conf"
         conf.write_text("\n".join(lines) + "\n")

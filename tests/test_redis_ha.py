@@ -1,6 +1,7 @@
 """Shared state on Redis's own high-availability engines, with real processes on loopback: a
 Sentinel set (master, replica, three sentinels; also over TLS with an ACL user) and a cluster
-(three masters with a replica each). Two proxy replicas share one route limit, the cache and a
+(three masters with a replica each, and an ACL user). Two proxy replicas share one route
+limit, the cache and a
 breaker trip; the master holding the route's keys is SIGKILLed while both serve steady load: no
 request fails, and within 10 s of the promotion a trip in one replica holds the other again."""
 
@@ -55,6 +56,9 @@ class Topology:
         return master.address, self.nodes.wait_promoted(ROUTE_TAG, master).address
 
 
+PASSWORD = "a-long-acl-password"
+
+
 @pytest.fixture(scope="module", params=["sentinel", "sentinel-tls-acl", "cluster"])
 def topology(request: pytest.FixtureRequest) -> Iterator[Topology]:
     """One topology for the module's tests; the kill test, last, ends it."""
@@ -62,9 +66,9 @@ def topology(request: pytest.FixtureRequest) -> Iterator[Topology]:
     if request.param == "sentinel":
         nodes = SentinelSet()
     elif request.param == "sentinel-tls-acl":
-        nodes = SentinelSet(Access("proxy", "a-long-acl-password", tls_files()))
-    else:
-        nodes = ClusterSet(masters=3, replicas=1)
+        nodes = SentinelSet(Access("proxy", PASSWORD, tls_files(), keys=f"ha-{request.param}-*"))
+    else:  # an ACL user on the cluster, whose client asks for its layout and uses SSUBSCRIBE
+        nodes = ClusterSet(masters=3, replicas=1, access=Access("proxy", PASSWORD, keys="ha-*"))
     with nodes:
         yield Topology(request.param, nodes)
 
