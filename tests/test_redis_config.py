@@ -4,6 +4,7 @@ never printed; the client redis-py builds for each, with the link's tight timeou
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -15,11 +16,14 @@ from redis.asyncio.sentinel import SentinelConnectionPool
 from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
+from policies.core.events import NullEvents
 from policies.core.redisclient import RedisConfig, connect, nodes_in_use
 from policies.core.redislink import UNAVAILABLE, RedisLink
 from proxy import cli
 from proxy.config import REDACTED, ConfigError, as_document, parse_config, redacted, secret_values
+from proxy.metrics import Metrics
 from testkit.certs import tls_files
+from testkit.redisserver import RedisServer
 
 ROUTES = {"routes": {"t": {"prefix": "/t", "upstream": "https://api.tavily.com"}}}
 
@@ -158,3 +162,53 @@ async def test_a_cluster_clients_own_refusal_is_redis_unavailable_not_a_crash() 
         assert not link.up
     finally:
         await link.close()
+
+
+# --- what the link reports ---------------------------------------------------------------------
+
+
+class Recorded(NullEvents):
+    def __init__(self) -> None:
+        self.nodes: list[tuple[tuple[str, str], ...]] = []
+        self.failovers = 0
+
+    def redis_nodes(self, nodes: Sequence[tuple[str, str]]) -> None:
+        self.nodes.append(tuple(nodes))
+
+    def redis_failover(self) -> None:
+        self.failovers += 1
+
+
+async def test_the_link_reports_the_node_it_uses_once(redis_server: RedisServer) -> None:
+    events = Recorded()
+    link = RedisLink(redis_server.url, "t", events=events)
+    try:
+        for _ in range(3):
+            assert await link.run(lambda r: r.ping()) is True
+    finally:
+        await link.close()
+    assert events.nodes == [((f"127.0.0.1:{redis_server.port}", "standalone"),)]
+    assert events.failovers == 0
+
+
+def test_metrics_show_the_nodes_in_use_failovers_and_time_degraded() -> None:
+    now = [100.0]
+    metrics = Metrics()
+    metrics.degraded_time.now = lambda: now[0]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels or None)
+
+    metrics.redis_nodes([("10.0.0.1:6379", "master")])
+    metrics.redis_state(False)
+    now[0] += 2.5
+    assert sample("search_proxy_redis_degraded_seconds_total") == 2.5  # while it lasts
+    now[0] += 1.0
+    metrics.redis_state(True)
+    now[0] += 60.0
+    assert sample("search_proxy_redis_degraded_seconds_total") == 3.5  # not while up
+    metrics.redis_failover()
+    metrics.redis_nodes([("10.0.0.2:6379", "master")])
+    assert sample("search_proxy_redis_failovers_total") == 1
+    assert sample("search_proxy_redis_node", node="10.0.0.2:6379", role="master") == 1
+    assert sample("search_proxy_redis_node", node="10.0.0.1:6379", role="master") is None
