@@ -29,7 +29,14 @@ from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Provider, Section
 from policies.core.settings import ConfigError, join, one_of, parse_duration, section, texts
 from policies.profiles import QueryRef, VendorProfile, extract_query
-from policies.translate import Translated, ask, read_search
+from policies.providers import (
+    DROPPED_HEADER,
+    Answer,
+    Search,
+    first_answer,
+    read_search,
+    translated,
+)
 
 # How often a replica asks Redis whether another replica benched a vendor.
 _EXHAUSTED_REFRESH = 1.0
@@ -127,15 +134,17 @@ class Failover:
         caller's key; None when the caller sent none we can tell apart (never bench them all)."""
         if self.shared_key:
             return self.route
-        return f"{self.route}|{flow.client}" if flow.client else None
+        return f"{self.route}|{flow.request.client}" if flow.request.client else None
 
     def _is_search(self, flow: Flow) -> QueryRef | None:
         """The query of a search call this route can translate; None for other endpoints."""
         path = self.profile.search_path
-        if path is not None and flow.path.rstrip("/") != path.rstrip("/"):
+        if path is not None and flow.request.path.rstrip("/") != path.rstrip("/"):
             return None  # /answer, /extract, news ... are not searches another vendor can answer
-        query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
-        ref = extract_query(self.profile, path=flow.path, query=query, body=flow.body)
+        query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
+        ref = extract_query(
+            self.profile, path=flow.request.path, query=query, body=flow.request.body
+        )
         return ref if ref is not None and ref.is_text else None
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
@@ -187,37 +196,35 @@ class Failover:
         """The first fallback's answer (results, or else an empty one), or None."""
         wall = datetime.fromtimestamp(self.clock.wall(), UTC)
         search = read_search(self.profile, flow, ref, wall)
-        empty: Translated | None = None
-        for provider in self.providers():
-            if not provider.available():
-                self.events.failover(self.route, provider.name, "skipped")
-                continue
-            answer = await ask(
-                self.profile, provider, search, flow, now=self.clock.now(), wall=wall
-            )
-            if answer is None:
-                self.events.failover(self.route, provider.name, "failed")
-            elif answer.has_results:
-                self.events.failover(self.route, provider.name, "answered")
-                return self._answer(answer, flow, why)
-            else:
-                self.events.failover(self.route, provider.name, "empty")
-                empty = empty or answer
-        return None if empty is None else self._answer(empty, flow, why)
+        answer = await first_answer(
+            self.providers(),
+            search,
+            on_part=lambda part: self.events.failover(self.route, part.provider, _EVENT[part.part]),
+            request_id=flow.request.request_id,
+            now=self.clock.now(),
+            wall=wall,
+            calls=flow.context.calls,  # a fallback's calls count against the agent request's
+        )
+        return None if answer is None else self._answer(answer, flow, search, why)
 
-    def _answer(self, answer: Translated, flow: Flow, why: str) -> Reply:
+    def _answer(self, answer: Answer, flow: Flow, search: Search, why: str) -> Reply:
         """`answer` as the agent gets it, the flow annotated with where it came from."""
-        flow.provider = answer.provider
-        flow.reply_headers["X-Search-Provider"] = answer.provider
-        flow.reply_headers["X-Search-Failover"] = f"{self.route} failed: {why}"
+        flow.trace.provider = answer.provider
+        flow.trace.reply_headers["X-Search-Provider"] = answer.provider
+        flow.trace.reply_headers["X-Search-Failover"] = f"{self.route} failed: {why}"
         if answer.dropped:  # options the fallback vendor cannot honour: its results ignore them
-            flow.reply_headers["X-Search-Dropped-Options"] = ",".join(answer.dropped)
+            flow.trace.reply_headers[DROPPED_HEADER] = ",".join(answer.dropped)
         else:
-            flow.reply_headers.pop("X-Search-Dropped-Options", None)
-        answer.reply.headers.setdefault(
+            flow.trace.reply_headers.pop(DROPPED_HEADER, None)
+        reply = translated(self.profile, answer, search.count)
+        reply.headers.setdefault(
             "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{answer.provider}"
         )
-        return answer.reply
+        return reply
+
+
+# The failover event of each provider's part.
+_EVENT = {"results": "answered", "empty": "empty", "failed": "failed", "skipped": "skipped"}
 
 
 # ---------------------------------------------------------------------------------------------

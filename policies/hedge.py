@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 from urllib.parse import parse_qsl
@@ -21,7 +21,7 @@ from policies.backoff import RetryBudget
 from policies.core.clock import Clock
 from policies.core.errors import ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events
-from policies.core.flow import Classifier, Flow, Handler, Reply, status_outcome
+from policies.core.flow import Classifier, Flow, Handler, Reply, Trace, status_outcome
 from policies.core.outcome import Outcome
 from policies.core.route import RouteConfig
 from policies.core.section import Budget, Build, Link, Provider, Section
@@ -38,7 +38,7 @@ from policies.core.settings import (
 )
 from policies.latency import LatencyWindow
 from policies.profiles import VendorProfile, extract_query
-from policies.translate import Translated, ask, read_search
+from policies.providers import Answer, Search, ask, read_search, skipped, translated
 
 # The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
 MIN_AFTER_S = 0.001
@@ -99,12 +99,14 @@ class Hedge:
 
     def hedgeable(self, flow: Flow) -> bool:
         """Whether sending this request twice is safe (a pure decision)."""
-        if flow.method in self.config.methods:
+        if flow.request.method in self.config.methods:
             return True
         if self.profile is None:
             return False
-        query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
-        ref = extract_query(self.profile, path=flow.path, query=query, body=flow.body)
+        query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
+        ref = extract_query(
+            self.profile, path=flow.request.path, query=query, body=flow.request.body
+        )
         return ref is not None and ref.is_text
 
     def after(self) -> float | None:
@@ -184,8 +186,8 @@ class _Race:
             if timer is not None:
                 timer.cancel()
             await self._cancel_rest()
-            if self.flow.hedges:
-                self.flow.reply_headers["X-Proxy-Hedges"] = str(self.flow.hedges)
+            if self.flow.trace.hedges:
+                self.flow.trace.reply_headers["X-Proxy-Hedges"] = str(self.flow.trace.hedges)
 
     async def _alone(self) -> Reply:
         """The attempt without a hedge (nothing to time it against yet), timed for the window."""
@@ -217,44 +219,62 @@ class _Race:
         """Send the next hedge, if the deadline, the target and the budgets allow."""
         p = self.policy
         now = p.clock.now()
-        if self.flow.deadline - now < MIN_ATTEMPT_S:
+        if self.flow.context.deadline - now < MIN_ATTEMPT_S:
             self.hedging = False
             return
         if p.config.to == "fallback":
             self._hedge_to_fallback(now)
             return
+        calls = self.flow.context.calls  # a hedge is one more vendor call of the request
+        if calls is not None and not calls.spend():
+            self._refused()
+            return
         if not p.spend():
+            if calls is not None:
+                calls.refund()
             self._refused()
             return
         self.sent += 1
-        self.flow.hedges += 1
-        # A copy: the hedge's attempt count and timings are its own, not the request's.
-        twin = replace(self.flow, retry_reasons=[], reply_headers={})
+        self.flow.trace.hedges += 1
+        # The same request and attempt, with a trace of its own: its timings are not the
+        # request's.
+        flow = self.flow
+        twin = Flow(flow.request, flow.context, Trace(), flow.attempt, flow.max_attempts)
         self._start(self.call_next(twin), hedge=True)
 
     def _hedge_to_fallback(self, now: float) -> None:
         p = self.policy
         provider = p.fallback() if p.fallback is not None else None
-        if provider is None or p.profile is None or not provider.available():
+        if provider is None or p.profile is None:
             self._refused()
             return
-        query = dict(parse_qsl(self.flow.query_string, keep_blank_values=True))
-        ref = extract_query(p.profile, path=self.flow.path, query=query, body=self.flow.body)
+        query = dict(parse_qsl(self.flow.request.query_string, keep_blank_values=True))
+        ref = extract_query(
+            p.profile, path=self.flow.request.path, query=query, body=self.flow.request.body
+        )
         if ref is None or not ref.is_text:
             self.hedging = False  # not a search another vendor can be asked
             return
-        if not p.spend():
+        wall = datetime.fromtimestamp(p.clock.wall(), UTC)
+        search = read_search(p.profile, self.flow, ref, wall)
+        # No key, or its circuit is open; else the budget. The fallback route's own retry loop
+        # spends the request's vendor call.
+        if skipped(provider, search) is not None or not p.spend():
             self._refused()
             return
         self.sent += 1
-        self.flow.hedges += 1
-        wall = datetime.fromtimestamp(p.clock.wall(), UTC)
-        search = read_search(p.profile, self.flow, ref, wall)
+        self.flow.trace.hedges += 1
         answer = ask(
-            p.profile, provider, search, self.flow, now=now, wall=wall, deadline=self.flow.deadline
+            provider,
+            search,
+            request_id=self.flow.request.request_id,
+            now=now,
+            wall=wall,
+            deadline=self.flow.context.deadline,
+            calls=self.flow.context.calls,
         )
         dropped: list[str] = []
-        work = _reply_of(answer, provider.name, dropped)
+        work = _reply_of(answer, p.profile, search, dropped)
         self._start(work, hedge=True, provider=provider.name, dropped=dropped)
 
     def _refused(self) -> None:
@@ -325,10 +345,10 @@ class _Race:
                 p.events.attempt(p.route, outcome)
             self.failure = None
         if winner.provider is not None:
-            self.flow.provider = winner.provider
-            self.flow.reply_headers["X-Search-Provider"] = winner.provider
+            self.flow.trace.provider = winner.provider
+            self.flow.trace.reply_headers["X-Search-Provider"] = winner.provider
             if winner.dropped:
-                self.flow.reply_headers["X-Search-Dropped-Options"] = ",".join(winner.dropped)
+                self.flow.trace.reply_headers["X-Search-Dropped-Options"] = ",".join(winner.dropped)
         return reply
 
     def _no_winner(self) -> Reply:
@@ -362,15 +382,15 @@ class _Race:
 
 
 async def _reply_of(
-    answer: Awaitable[Translated | None], provider: str, dropped: list[str]
+    answer: Awaitable[Answer], primary: VendorProfile, search: Search, dropped: list[str]
 ) -> Reply:
-    """A hedge to a fallback as an attempt: its translated answer (the options it dropped go
-    into `dropped`), or a failure."""
-    translated = await answer
-    if translated is None:
-        raise _FallbackFailed(f"{provider}: no usable answer")
-    dropped.extend(translated.dropped)
-    return translated.reply
+    """A hedge to a fallback as an attempt: its answer in the primary's shape (the options it
+    dropped go into `dropped`), or a failure."""
+    found = await answer
+    if not found.usable:
+        raise _FallbackFailed(f"{found.provider}: no usable answer")
+    dropped.extend(found.dropped)
+    return translated(primary, found, search.count)
 
 
 class _FallbackFailed(ProxyError):

@@ -415,16 +415,16 @@ class RateLimit:
             return self._route_key
         identity = None
         if self.config.client_header is not None:
-            identity = flow.headers.get(self.config.client_header)
+            identity = flow.request.headers.get(self.config.client_header)
         if identity is None:
-            identity = flow.client or "anonymous"
+            identity = flow.request.client or "anonymous"
         # Identity headers may carry credentials: only a digest goes into keys.
         digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
         return self._client_prefix + digest
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         key = self.bucket_key(flow)
-        allowed = flow.deadline - self.clock.now() - ROOM_FOR_ATTEMPT
+        allowed = flow.context.deadline - self.clock.now() - ROOM_FOR_ATTEMPT
         if self.config.max_wait is not None:
             allowed = min(allowed, self.config.max_wait)
         allowed = max(0.0, allowed)
@@ -434,7 +434,7 @@ class RateLimit:
             raise RateLimited(
                 self._refusal_text(decision),
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.trace.attempts,
                 retry_after_s=decision.retry_after,
             )
         if decision.wait > 0:

@@ -25,6 +25,9 @@ from policies.backoff import (
 from policies.core.clock import Clock
 from policies.core.errors import (
     AttemptFailed,
+    CallBudgetSpent,
+    LocalRefusal,
+    OutOfTime,
     UpstreamMalformed,
     UpstreamRetryAfterTooLong,
     seconds_text,
@@ -131,21 +134,42 @@ class Retry:
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         cfg = self.config
-        flow.max_attempts = cfg.attempts if flow.method in cfg.methods else 1
-        if flow.max_attempts > 1:
+        trace, calls = flow.trace, flow.context.calls
+        max_attempts = cfg.attempts if flow.request.method in cfg.methods else 1
+        if max_attempts > 1:
             self.budget.record_request()
         prev_delay: float | None = None
+        attempt = 0
         while True:
+            attempt += 1
+            if calls is not None and not calls.spend():
+                raise CallBudgetSpent(
+                    f"{self.route}: this request already made its {calls.limit} vendor "
+                    "calls (search_api.max_calls_per_request); send fewer queries or providers",
+                    route=self.route,
+                    attempts=trace.attempts,
+                )
             started = self.clock.now()
             reply: Reply | None = None
             try:
-                reply = await call_next(flow)
+                reply = await call_next(flow.for_attempt(attempt, max_attempts))
+            except (LocalRefusal, OutOfTime):
+                # Refused inside the proxy (its limiter, its pool, the deadline before the
+                # attempt could start): nothing reached the vendor.
+                if calls is not None:
+                    calls.refund()
+                raise
             except AttemptFailed as exc:
+                trace.attempts += 1
                 failure: Reply | AttemptFailed = exc
                 retryable = exc.transient and exc.outcome in cfg.on_conditions
                 reason: str | None = exc.outcome.value if retryable else None
                 self.events.attempt(self.route, exc.outcome)
+            except BaseException:
+                trace.attempts += 1  # it reached the vendor: the agent left, or time ran out
+                raise
             else:
+                trace.attempts += 1
                 outcome = self.classify(reply)
                 self.events.attempt(self.route, outcome)
                 reason = self.reason(reply, outcome)
@@ -156,9 +180,9 @@ class Retry:
                     return reply
                 failure = reply
 
-            if reason is None or flow.attempts >= flow.max_attempts:
-                return self._give_up(flow, failure)
-            delay = self.backoff.delay(flow.attempts, prev_delay, self.rng)
+            if reason is None or attempt >= max_attempts:
+                return self._give_up(flow, failure, attempt, max_attempts)
+            delay = self.backoff.delay(attempt, prev_delay, self.rng)
             prev_delay = delay
             retry_after = None
             if reply is not None and "Retry-After" in reply.headers:
@@ -175,40 +199,43 @@ class Retry:
                     f"({seconds_text(cfg.retry_after.max_wait)}); retry after "
                     f"{seconds_text(decision.retry_after)} or use another provider",
                     route=self.route,
-                    attempts=flow.attempts,
+                    attempts=trace.attempts,
                     upstream_status=reply.status if reply is not None else None,
                     retry_after_s=decision.retry_after,
                 )
             min_attempt = min(self.per_try, max(MIN_ATTEMPT_S, 2 * self._typical_s))
-            if not fits_deadline(self.clock.now(), flow.deadline, decision.seconds, min_attempt):
-                return self._give_up(flow, failure)
+            deadline = flow.context.deadline
+            if not fits_deadline(self.clock.now(), deadline, decision.seconds, min_attempt):
+                return self._give_up(flow, failure, attempt, max_attempts)
             if not self.budget.try_acquire_retry():
                 self.events.budget_exhausted(self.route)
-                return self._give_up(flow, failure)
+                return self._give_up(flow, failure, attempt, max_attempts)
             await self.clock.sleep(decision.seconds)
-            flow.waited_seconds += decision.seconds
+            trace.waited_seconds += decision.seconds
             # The breaker counts a request only after its retries, so it often opens while
             # this one waits: once it has, this retry would only hit a vendor known to be down.
             if self.halt is not None and self.halt():
-                return self._give_up(flow, failure)
+                return self._give_up(flow, failure, attempt, max_attempts)
             if reply is not None:
                 reply.discard()
             self.events.retry(self.route, reason)
-            flow.retry_reasons.append(reason)
+            trace.retry_reasons.append(reason)
 
-    def _give_up(self, flow: Flow, failure: Reply | AttemptFailed) -> Reply:
+    def _give_up(
+        self, flow: Flow, failure: Reply | AttemptFailed, attempt: int, max_attempts: int
+    ) -> Reply:
         """The last answer: a vendor reply passes through; our own errors are raised."""
         if isinstance(failure, AttemptFailed):
-            failure.attempts = flow.attempts
+            failure.attempts = flow.trace.attempts
             raise failure
         if self.classify(failure) is Outcome.MALFORMED:
             failure.discard()
             raise UpstreamMalformed(
                 f"{self.route}: upstream answered {failure.status} with a body that is not a "
-                f"usable search response (attempt {flow.attempts} of {flow.max_attempts}); "
+                f"usable search response (attempt {attempt} of {max_attempts}); "
                 "try again shortly or use another provider",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.trace.attempts,
                 upstream_status=failure.status,
             )
         return failure

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 from urllib.parse import parse_qsl, quote
 
@@ -20,14 +20,12 @@ from policies.core.clock import Clock
 from policies.core.errors import BadRequest, ProxyError
 from policies.core.events import Events
 from policies.core.flow import Classifier, Flow, Handler, Reply
-from policies.core.outcome import Outcome
+from policies.core.outcome import TERMINAL_STATUSES, Outcome
 from policies.core.section import Build, Link, Section
 from policies.core.settings import one_of, parse_duration, section, text, whole_in
 from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query
 from policies.simplify import simplify_query
 
-# Statuses that mean "this exact request will fail again": bad key, no credits, bad input.
-TERMINAL_STATUSES = frozenset({400, 401, 402, 403, 422})
 LOOP_GUARD_ENTRIES = 10_000
 
 
@@ -65,8 +63,8 @@ def search_classifier(profile: VendorProfile) -> Classifier:
 
 def find_query(profile: VendorProfile, flow: Flow) -> QueryRef | None:
     """Where this request's query is, if it is a search call the profile recognises."""
-    query = dict(parse_qsl(flow.query_string, keep_blank_values=True))
-    return extract_query(profile, path=flow.path, query=query, body=flow.body)
+    query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
+    return extract_query(profile, path=flow.request.path, query=query, body=flow.request.body)
 
 
 class _SearchPolicy:
@@ -116,10 +114,15 @@ class SearchGuard(_SearchPolicy):
 
     def _key(self, flow: Flow) -> str:
         digest = hashlib.blake2b(digest_size=16)
-        for part in (flow.client, flow.method, flow.path, flow.query_string):
+        for part in (
+            flow.request.client,
+            flow.request.method,
+            flow.request.path,
+            flow.request.query_string,
+        ):
             digest.update(part.encode())
             digest.update(b"\0")
-        digest.update(flow.body)
+        digest.update(flow.request.body)
         return digest.hexdigest()
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
@@ -158,20 +161,21 @@ class SearchRecovery(_SearchPolicy):
         reply = await call_next(flow)
         if ref is None or not ref.is_text or self.classify(reply) is not Outcome.EMPTY:
             return reply
-        original = (flow.path, flow.query_string, flow.body)
+        request = flow.request
         for variant in simplify_query(ref.text, self.config.max_variants):
-            if self.clock.now() >= flow.deadline:
+            if self.clock.now() >= flow.context.deadline:
                 break
-            flow.path, flow.query_string, flow.body = replace_query(
+            path, query_string, body = replace_query(
                 self.profile,
                 ref,
                 variant,
-                path=original[0],
-                query_string=original[1],
-                body=original[2],
+                path=request.path,
+                query_string=request.query_string,
+                body=request.body,
             )
+            asked = replace(request, path=path, query_string=query_string, body=body)
             try:
-                candidate = await call_next(flow)
+                candidate = await call_next(flow.with_request(asked))
             except ProxyError:
                 self.events.search_variant(self.route, "failed")
                 break
@@ -179,15 +183,14 @@ class SearchRecovery(_SearchPolicy):
             if outcome is Outcome.OK:
                 self.events.search_variant(self.route, "results")
                 reply.discard()
-                flow.query_used = variant
-                flow.reply_headers["X-Search-Query-Used"] = quote(variant, safe="")
+                flow.trace.query_used = variant
+                flow.trace.reply_headers["X-Search-Query-Used"] = quote(variant, safe="")
                 return candidate
             empty = outcome is Outcome.EMPTY
             self.events.search_variant(self.route, "empty" if empty else "failed")
             candidate.discard()
             if not empty:
                 break
-        flow.path, flow.query_string, flow.body = original
         return reply
 
 

@@ -119,7 +119,7 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     if state.clients is not None:  # before anything is read, counted or sent
         caller = await state.clients.admit(route.profile, request.headers, target.query_string)
     body = await read_body(request, state.config.server.max_body_bytes)
-    flow = ex.flow = Flow(
+    flow = ex.flow = Flow.new(
         route=route.name,
         method=request.method,
         path=target.rest if route.config.strip_prefix else route.config.prefix + target.rest,
@@ -141,9 +141,9 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         deadline=ex.started + route.config.timeouts.total,
         started=ex.started,
     )
+    if caller is not None:  # the client token never reaches the vendor
+        flow = ex.flow = flow.with_request(caller.scrub(flow.request))
     ex.fields = lambda: _route_fields(flow)
-    if caller is not None:
-        caller.scrub(flow)  # the client token never reaches the vendor
     # An MCP tool call may run for minutes before its answer begins: stop it, and its
     # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
     watch = watch_agent(request) if route.config.has("mcp") else None
@@ -159,14 +159,14 @@ def _route_fields(flow: Flow) -> dict[str, object]:
     """What a route request's access line says it did; credentials are redacted by the log
     processor."""
     return {
-        "upstream_ms": round(flow.upstream_seconds * 1000, 2),
-        "attempts": flow.attempts,
-        "retries": flow.retry_reasons or None,
-        "cache": flow.cache,
-        "breaker": flow.breaker,
-        "provider": flow.provider,
-        "hedges": flow.hedges or None,
-        "rpc": flow.rpc,
+        "upstream_ms": round(flow.trace.upstream_seconds * 1000, 2),
+        "attempts": flow.trace.attempts,
+        "retries": flow.trace.retry_reasons or None,
+        "cache": flow.trace.cache,
+        "breaker": flow.trace.breaker,
+        "provider": flow.trace.provider,
+        "hedges": flow.trace.hedges or None,
+        "rpc": flow.trace.rpc,
     }
 
 

@@ -19,6 +19,7 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.app import build_admin_app, build_app
+from proxy.capacity import LISTEN_BACKLOG, OverloadLog, connection_budget
 from proxy.config import (
     Config,
     ConfigError,
@@ -27,13 +28,7 @@ from proxy.config import (
     redacted,
     secret_values,
 )
-from proxy.guard import (
-    CUT_MARGIN_S,
-    LISTEN_BACKLOG,
-    GuardedRunner,
-    OverloadLog,
-    connection_budget,
-)
+from proxy.guard import CUT_MARGIN_S, GuardedRunner
 from proxy.logs import configure_logging
 from proxy.redact import REDACTED
 from proxy.startup import check_startup

@@ -14,13 +14,13 @@ import hashlib
 import ipaddress
 import re
 from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from urllib.parse import parse_qsl, unquote_plus
 
 from multidict import CIMultiDictProxy
 
 from policies.core.errors import QuotaExceeded
-from policies.core.flow import Flow
+from policies.core.flow import Request
 from policies.profiles import CredentialSlot, VendorProfile, credential_slot
 from policies.quota import DailyQuota
 from proxy.config import ClientConfig, ConfigError, ConfigErrors
@@ -111,18 +111,20 @@ class Caller:
     headers: tuple[tuple[str, str], ...] = ()  # (header, the exact value that carried it)
     params: tuple[tuple[str, str], ...] = ()  # (query parameter, its decoded value)
 
-    def scrub(self, flow: Flow) -> None:
-        """Take the token out of the outbound request. A value the route set since (its own
-        key in the same header) differs from what the agent sent, and stays."""
+    def scrub(self, request: Request) -> Request:
+        """The outbound request without the token. A value the route set since (its own key
+        in the same header) differs from what the agent sent, and stays."""
         for name, value in self.headers:
-            values = flow.headers.getall(name, [])
+            values = request.headers.getall(name, [])
             if value in values:
-                flow.headers.popall(name)
+                request.headers.popall(name)
                 for kept in values:
                     if kept != value:
-                        flow.headers.add(name, kept)
+                        request.headers.add(name, kept)
+        query_string = request.query_string
         for name, value in self.params:
-            flow.query_string = without_param(flow.query_string, name, value)
+            query_string = without_param(query_string, name, value)
+        return replace(request, query_string=query_string)
 
 
 class ClientGate:

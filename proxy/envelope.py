@@ -192,7 +192,7 @@ def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | Non
         ex.metrics.in_flight.dec()
         overhead = None
         if flow is not None:
-            overhead = elapsed - (flow.upstream_seconds + flow.waited_seconds)
+            overhead = elapsed - (flow.trace.upstream_seconds + flow.trace.waited_seconds)
         ex.metrics.observe(ex.status, elapsed, overhead)
         if ex.cut is not None and ex.sent.response is not None and ex.route is not None:
             state.metrics.stream_cut(ex.route.name, ex.cut)
@@ -202,7 +202,7 @@ def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | Non
     written = ex.sent.written if ex.sent.response is not None else _body_bytes(request, response)
     # The proxy's own error, also when it travels in a 200 (an MCP tool error).
     error = response.headers.get("X-Proxy-Error") if response is not None else None
-    error = error or ex.error or (flow.error if flow else None)
+    error = error or ex.error or (flow.trace.error if flow else None)
     log.info(
         "request",
         request_id=ex.request_id,
@@ -230,14 +230,14 @@ def error_answer(err: ProxyError, ex: Exchange) -> web.Response:
     """A proxy-made error in the route's vendor dialect, with what the flow knows."""
     flow, route = ex.flow, ex.route
     if flow is not None:
-        err.attempts = max(err.attempts, flow.attempts)
-        err.route = err.route or flow.route
+        err.attempts = max(err.attempts, flow.trace.attempts)
+        err.route = err.route or flow.request.route
     elif route is not None:
         err.route = err.route or route.name
     response = error_response(err, ex.request_id, route.profile if route is not None else None)
     if flow is not None:
-        response.headers.update(flow.reply_headers)
-        response.headers["X-Proxy-Attempts"] = str(flow.attempts)
+        response.headers.update(flow.trace.reply_headers)
+        response.headers["X-Proxy-Attempts"] = str(flow.trace.attempts)
     if isinstance(err, RequestTimeout | ShuttingDown):
         response.force_close()  # the connection closes after this answer
     return response
@@ -256,9 +256,9 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
     ex.status = reply.status
     ex.answering = True
     headers = reply.headers
-    headers.update(flow.reply_headers)
-    headers["X-Request-Id"] = flow.request_id
-    headers["X-Proxy-Attempts"] = str(flow.attempts)
+    headers.update(flow.trace.reply_headers)
+    headers["X-Request-Id"] = flow.request.request_id
+    headers["X-Proxy-Attempts"] = str(flow.trace.attempts)
     if reply.stream is None:
         return web.Response(status=reply.status, headers=headers, body=reply.body)
     response = web.StreamResponse(status=reply.status, headers=headers)

@@ -40,15 +40,6 @@ class ProvidersExhausted(VendorFailure):
     type = "all_providers_failed"
 
 
-class CallBudgetSpent(LocalRefusal):
-    """The agent request made search_api.max_calls_per_request vendor calls: no more are made
-    for it (another provider's cache may still answer)."""
-
-    status = 503
-    type = "call_budget_spent"
-    summary = "call budget spent"
-
-
 class ProvidersRefused(ProxyError):
     """Every provider of a /v1/search call refused for good: bad key, no credits, no key."""
 

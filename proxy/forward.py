@@ -22,6 +22,7 @@ from policies.core.clock import Clock
 from policies.core.errors import (
     AttemptFailed,
     DeadlineExceeded,
+    OutOfTime,
     StreamCut,
     UpstreamInvalidResponse,
     UpstreamPoolExhausted,
@@ -33,7 +34,6 @@ from policies.core.errors import (
 from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
 from proxy.config import RouteConfig
-from proxy.errors import CallBudgetSpent
 from proxy.redact import redact_bytes
 
 HOP_BY_HOP = frozenset(
@@ -248,13 +248,13 @@ class Upstream:
 
     def url(self, flow: Flow) -> URL:
         """The upstream URL for a flow: the route's origin, base path and the confined path."""
-        path = self.base_path + flow.path
+        path = self.base_path + flow.request.path
         return URL.build(
             scheme=self.scheme,
             host=self.host,
             port=self.port,
             path=path or "/",
-            query_string=flow.query_string,
+            query_string=flow.request.query_string,
             encoded=True,
         )
 
@@ -262,30 +262,21 @@ class Upstream:
         budget = self._budget(flow)
         slot = await self._slot(flow, budget)
         try:
-            budget = self._budget(flow)
-            if flow.calls is not None and not flow.calls.spend():
-                raise CallBudgetSpent(
-                    f"{self.route}: this request already made its {flow.calls.limit} vendor "
-                    "calls (search_api.max_calls_per_request); send fewer queries or providers",
-                    route=self.route,
-                    attempts=flow.attempts,
-                )
-            flow.attempts += 1
-            reply = await self._exchange(flow, budget, slot)
+            return await self._exchange(flow, self._budget(flow), slot)
         finally:
             if slot is not None:
                 slot.release()  # a no-op once a streamed reply took it over
-        return reply
 
     def _budget(self, flow: Flow) -> float:
-        """Seconds this attempt may take; DeadlineExceeded when none are left."""
-        budget = attempt_timeout(self.clock.now(), flow.deadline, self.per_try)
+        """Seconds this attempt may take; OutOfTime when none are left."""
+        budget = attempt_timeout(self.clock.now(), flow.context.deadline, self.per_try)
         if budget <= 0:
-            raise DeadlineExceeded(
+            before = max(0, flow.attempt - 1)
+            raise OutOfTime(
                 f"{self.route}: total deadline of {seconds_text(self.total)} exceeded after "
-                f"{flow.attempts} attempt(s); try again shortly",
+                f"{before} attempt(s); try again shortly",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=before,
             )
         return budget
 
@@ -308,15 +299,16 @@ class Upstream:
                 f"{self.route}: {what} (waited {seconds_text(wait)} for one); "
                 f"raise {setting} or retry in 1s",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=max(0, flow.attempt - 1),
                 retry_after_s=1.0,
             ) from None
         finally:
-            flow.waited_seconds += self.clock.now() - started
+            flow.trace.waited_seconds += self.clock.now() - started
 
     async def _exchange(self, flow: Flow, budget: float, slot: _Slot | None) -> Reply:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
+        request = flow.request
         # No sock_read: `budget` below bounds the headers and a buffered body, and a stream's
         # gaps and age have limits of their own (timeouts.idle, timeouts.stream; `_relay`).
         timeout = aiohttp.ClientTimeout(total=None, connect=self.connect, sock_read=None)
@@ -324,15 +316,15 @@ class Upstream:
         try:
             async with asyncio.timeout(budget):
                 resp = await self.session.request(
-                    flow.method,
+                    request.method,
                     self.url(flow),
-                    headers=flow.headers,
-                    data=flow.body or None,
+                    headers=request.headers,
+                    data=request.body or None,
                     timeout=timeout,
                     allow_redirects=False,
                 )
                 headers = response_headers(resp.headers)
-                declared = resp.content_length if flow.method != "HEAD" else None
+                declared = resp.content_length if request.method != "HEAD" else None
                 if declared is not None and declared > self.max_bytes:
                     raise self._too_large(flow, declared)
                 if is_stream(resp):
@@ -353,7 +345,7 @@ class Upstream:
             raise self._no_connection(
                 flow,
                 f"cannot connect to the upstream within {seconds_text(self.connect)} "
-                f"{self._attempt_text(flow)}; try again shortly or use another provider",
+                f"{flow.attempt_text}; try again shortly or use another provider",
                 f"no connection within {seconds_text(self.connect)}",
             ) from None
         except TimeoutError:
@@ -382,9 +374,9 @@ class Upstream:
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(
                 f"{self.route}: cannot connect to the upstream ({exc.os_error.strerror or exc}) "
-                f"{self._attempt_text(flow)}; try again shortly or use another provider",
+                f"{flow.attempt_text}; try again shortly or use another provider",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.attempt,
                 outcome=Outcome.CONNECT_ERROR,
             ) from None
         except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
@@ -400,14 +392,14 @@ class Upstream:
                 resp.close()
             raise UpstreamUnreachable(
                 f"{self.route}: the upstream closed the connection before a complete answer "
-                f"({type(exc).__name__}) {self._attempt_text(flow)}; try again shortly",
+                f"({type(exc).__name__}) {flow.attempt_text}; try again shortly",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.attempt,
                 outcome=Outcome.RESET,
             ) from None
         finally:
             elapsed = self.clock.now() - now
-            flow.upstream_seconds += elapsed
+            flow.trace.upstream_seconds += elapsed
             if self.observe is not None:
                 self.observe(elapsed)
 
@@ -478,7 +470,7 @@ class Upstream:
                     f"{self.route}: the upstream closed the connection mid-stream "
                     f"({type(exc).__name__}); the answer is incomplete: send the request again",
                     route=self.route,
-                    attempts=flow.attempts,
+                    attempts=flow.attempt,
                     outcome=Outcome.RESET,
                     reason="closed mid-stream",
                 )
@@ -502,16 +494,16 @@ class Upstream:
         ):
             return UpstreamUnreachable(
                 f"{self.route}: the upstream closed the connection before a complete answer "
-                f"({_one_line(detail)}) {self._attempt_text(flow)}; try again shortly",
+                f"({_one_line(detail)}) {flow.attempt_text}; try again shortly",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.attempt,
                 outcome=Outcome.RESET,
             )
         return UpstreamInvalidResponse(
             f"{self.route}: the upstream sent a broken HTTP response ({_one_line(detail)}) "
-            f"{self._attempt_text(flow)}; try again shortly or use another provider",
+            f"{flow.attempt_text}; try again shortly or use another provider",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
         )
 
     def _stream_silent(self, flow: Flow) -> UpstreamTimeout:
@@ -521,7 +513,7 @@ class Upstream:
             "the answer is incomplete: send the request again, or raise the route's "
             "timeouts.idle if the upstream pauses longer between events",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
             reason=f"silent for {idle} mid-stream",
         )
 
@@ -532,7 +524,7 @@ class Upstream:
             "(timeouts.stream) and was cut; the answer is incomplete: ask for a shorter answer, "
             "or raise the route's timeouts.stream",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
             reason=f"stream ran past {limit}",
         )
 
@@ -543,7 +535,7 @@ class Upstream:
             f"{self.max_bytes} (counted decompressed); it was not read further and is not "
             "retried; ask for fewer results, or raise the route's max_response_bytes",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
             reason=f"answered over {self.max_bytes} bytes",
         )
 
@@ -554,27 +546,24 @@ class Upstream:
         return UpstreamUnreachable(
             f"{self.route}: {what}",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
             outcome=Outcome.CONNECT_ERROR,
             transient=transient,
             reason=reason,
         )
 
-    def _attempt_text(self, flow: Flow) -> str:
-        return f"(attempt {flow.attempts} of {flow.max_attempts})"
-
     def _timeout(self, flow: Flow, budget: float) -> Exception:
         if budget < self.per_try:
             return DeadlineExceeded(
                 f"{self.route}: total deadline of {seconds_text(self.total)} exceeded "
-                f"{self._attempt_text(flow)}; try again shortly",
+                f"{flow.attempt_text}; try again shortly",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.attempt,
             )
         return UpstreamTimeout(
             f"{self.route}: upstream timed out after {seconds_text(self.per_try)} "
-            f"{self._attempt_text(flow)}; try again shortly",
+            f"{flow.attempt_text}; try again shortly",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
             reason=f"timed out after {seconds_text(self.per_try)}",
         )

@@ -67,11 +67,16 @@ class Deps:
     shared: dict[str, Any] = field(default_factory=dict)
 
 
-def as_provider(route: Route) -> Provider:
-    """Another route, as a failover fallback."""
+def as_provider(route: Route, clock: Clock) -> Provider:
+    """A route with a search section, as a provider of failover, hedging and /v1/search."""
     assert route.profile is not None  # config only accepts routes with a search section
     breaker = route.breaker
-    missing = route.missing_key is not None
+
+    def circuit_open() -> float | None:
+        if breaker is None or breaker.state != "open":
+            return None
+        return breaker.seconds_until_half_open()
+
     return Provider(
         name=route.name,
         profile=route.profile,
@@ -79,7 +84,9 @@ def as_provider(route: Route) -> Provider:
         classify=route.classify,
         headers=route.set_headers,
         total=route.config.timeouts.total,
-        available=lambda: not missing and (breaker is None or breaker.state != "open"),
+        clock=clock,
+        missing_key=route.missing_key,
+        circuit_open=circuit_open,
     )
 
 
@@ -91,7 +98,7 @@ def _providers(deps: Deps) -> Callable[[Sequence[str]], Callable[[], Sequence[Pr
 
         def providers() -> Sequence[Provider]:
             if not found:
-                found.extend(as_provider(deps.routes[name]) for name in names)
+                found.extend(as_provider(deps.routes[name], deps.clock) for name in names)
             return found
 
         return providers
@@ -113,7 +120,7 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
             headers["Content-Type"] = "application/json"
         path, _, query = target.partition("?")
         now = deps.clock.now()
-        flow = Flow(
+        flow = Flow.new(
             route=cfg.name,
             method=method,
             path=path,

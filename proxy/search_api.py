@@ -15,48 +15,36 @@ The agent's headers are never forwarded from here. `GET /openapi.json` describes
 from __future__ import annotations
 
 import asyncio
-import hashlib
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
-from urllib.parse import urlencode
 
 import orjson
 from aiohttp import web
-from multidict import CIMultiDict
 
-from policies.backoff import parse_retry_after
 from policies.core.clock import Clock
-from policies.core.credentials import is_credential_name
-from policies.core.errors import BadRequest, CircuitOpen, ProxyError, seconds_text
-from policies.core.flow import CallBudget, Flow
+from policies.core.errors import BadRequest, ProxyError, seconds_text
+from policies.core.flow import CallBudget
 from policies.core.options import MAX_DOMAINS, TIME_RANGES
-from policies.core.outcome import Outcome
 from policies.profiles import (
     OptionError,
     SearchOptions,
-    build_search,
     credential_slot,
-    error_message,
     extract_details,
-    extract_results,
     normalize_results,
-    with_credential,
 )
+from policies.providers import Answer, Search, ask, skipped
 from policies.search import SECTION as SEARCH
-from policies.search import TERMINAL_STATUSES
 from proxy.config import SearchApiConfig
 from proxy.dialects import error_response
 from proxy.errors import ProvidersExhausted, ProvidersRefused
 from proxy.metrics import Metrics
 from proxy.openapi import openapi_document
-from proxy.pipeline import Route
+from proxy.pipeline import Route, as_provider
 
 MAX_RESULTS = 50
 MAX_KEY_CHARS = 4096
-# Set by a route's failover when a fallback answered: the unified options it dropped.
-FAILOVER_DROPPED_HEADER = "X-Search-Dropped-Options"
 
 # Request fields: our own, then LiteLLM's / Perplexity's names for the same things.
 OPTION_FIELDS = (
@@ -115,6 +103,22 @@ class Tried:
     retry_after_s: float | None = None
     terminal: bool = False  # a bad key, no credits, no key configured: a retry cannot help
     dropped: tuple[str, ...] = ()  # options this provider could not honour, as the agent named them
+
+    @classmethod
+    def of(cls, answer: Answer, outcome: str, call: SearchCall) -> Tried:
+        """A provider's answer as this request reports it: the options it dropped as the
+        agent named them."""
+        return cls(
+            answer.provider,
+            answer.query,
+            outcome,
+            answer.status,
+            answer.ms,
+            answer.reason,
+            answer.retry_after_s,
+            answer.terminal,
+            call.dropped(answer.dropped) if outcome != "skipped" else (),
+        )
 
     def public(self) -> dict[str, Any]:
         return {
@@ -305,7 +309,9 @@ class SearchApi:
     ) -> None:
         self.config = config
         self.clock = clock
-        self.profiles = {n: r.profile for n, r in routes.items() if r.profile is not None}
+        self.providers = {
+            n: as_provider(r, clock) for n, r in routes.items() if r.profile is not None
+        }
         self.routes = routes
         self.metrics = metrics
         self.max_chars = min(
@@ -374,23 +380,38 @@ class SearchApi:
     async def search(self, query: str, run: _Run) -> dict[str, Any]:
         """Try providers in order; the first with results answers."""
         call = run.call
+        search = Search(query, call.options)
         tried: list[Tried] = []
         for name in call.providers:
-            route = self.routes[name]
-            outcome = await self._try(route, query, run)
-            tried.append(outcome.tried)
-            if outcome.tried.outcome != "skipped" and name not in run.trace.providers:
+            provider = self.providers[name]
+            wall = datetime.fromtimestamp(self.clock.wall(), UTC)
+            key = call.credentials.get(name)
+            answer = skipped(provider, search, own_key=key is not None) or await ask(
+                provider,
+                search,
+                request_id=run.request_id,
+                now=self.clock.now(),
+                wall=wall,
+                calls=run.calls,
+                key=key,
+                client=run.client,
+            )
+            results = self._results(answer, search.count, wall)
+            part = "empty" if answer.part == "results" and not results else answer.part
+            tried.append(Tried.of(answer, part, call))
+            if part != "skipped" and name not in run.trace.providers:
                 run.trace.providers.append(name)
-            self.metrics.provider_fallbacks.labels(name, outcome.tried.outcome).inc()
-            if outcome.tried.outcome == "results":
+            self.metrics.provider_fallbacks.labels(name, part).inc()
+            if part == "results":
+                age = dict(answer.cache_headers).get("Age")
                 return _answer(
                     query,
-                    outcome.query_used or query,
-                    outcome.answered_by or name,
-                    outcome.results or [],
-                    outcome.tried.dropped,
-                    outcome.from_cache,
-                    outcome.cache_age_s,
+                    answer.query,
+                    answer.answered_by,
+                    results,
+                    tried[-1].dropped,
+                    answer.from_cache,
+                    int(age) if age and age.isdigit() else None,
                     tried,
                 )
         failures = [t for t in tried if t.outcome in ("failed", "skipped")]
@@ -398,108 +419,19 @@ class SearchApi:
             return _answer(query, query, None, [], (), False, None, tried)
         raise _all_failed(tried)
 
-    async def _try(self, route: Route, query: str, run: _Run) -> _Outcome:
-        started = self.clock.now()
-        call = run.call
-        if route.missing_key is not None and route.name not in call.credentials:
-            header = route.missing_key
-            why = f"has no API key configured (its {header} header is empty: set the variable"
-            why += f" in routes.{route.name}.headers.set, or send credentials.{route.name})"
-            return _Outcome(Tried(route.name, query, "skipped", None, 0.0, why, terminal=True))
-        breaker = route.breaker
-        if breaker is not None and breaker.state == "open":
-            wait = breaker.seconds_until_half_open()
-            return _Outcome(
-                Tried(
-                    route.name,
-                    query,
-                    "skipped",
-                    None,
-                    0.0,
-                    f"circuit open (retry in {seconds_text(wait)})",
-                    wait,
-                )
-            )
-        now = datetime.fromtimestamp(self.clock.wall(), UTC)
-        flow, dropped = self._flow(route, query, run, now)
-        dropped = call.dropped(dropped)
-        try:
-            reply = await route.handler(flow)
-        except ProxyError as err:
-            ms = (self.clock.now() - started) * 1000
-            return _Outcome(
-                Tried(
-                    route.name,
-                    flow.query_used or query,
-                    "failed",
-                    err.upstream_status or err.status,
-                    ms,
-                    _reason(err),
-                    err.retry_after_s,
-                    dropped=dropped,
-                )
-            )
-        ms = (self.clock.now() - started) * 1000
-        used = flow.query_used or query
-        outcome = route.classify(reply)
-        if outcome is Outcome.OK:
-            # A fallback of the route's own failover may have answered, in this vendor's shape.
-            answered_by = reply.provider or flow.provider or route.name
-            if answered_by != route.name:
-                dropped = _failover_dropped(call, flow)
-            results = self._results(
-                route, reply.body, call.options.max_results or 1, now, answered_by
-            )
-            if results:
-                age = reply.headers.get("Age")
-                return _Outcome(
-                    Tried(route.name, used, "results", reply.status, ms, dropped=dropped),
-                    answered_by=answered_by,
-                    results=results,
-                    query_used=used,
-                    from_cache=flow.cache in ("hit", "stale"),
-                    cache_age_s=int(age) if age and age.isdigit() else None,
-                )
-            return _Outcome(Tried(route.name, used, "empty", reply.status, ms, dropped=dropped))
-        if outcome is Outcome.EMPTY:
-            return _Outcome(Tried(route.name, used, "empty", reply.status, ms, dropped=dropped))
-        if outcome is Outcome.TERMINAL or reply.status in TERMINAL_STATUSES:
-            said = error_message(reply.body)
-            reason = f"{reply.status}" + (f" ({said})" if said else "")
-            return _Outcome(
-                Tried(
-                    route.name,
-                    used,
-                    "failed",
-                    reply.status,
-                    ms,
-                    reason,
-                    terminal=True,
-                    dropped=dropped,
-                )
-            )
-        asked = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
-        reason = f"{reply.status}" + (f" (retry after {seconds_text(asked)})" if asked else "")
-        return _Outcome(
-            Tried(route.name, used, "failed", reply.status, ms, reason, asked, dropped=dropped)
-        )
-
-    def _results(
-        self, route: Route, body: bytes, max_results: int, now: datetime, provider: str
-    ) -> list[dict[str, Any]]:
-        """The vendor's answer as normalised results with their details."""
-        try:
-            data = orjson.loads(body)
-        except orjson.JSONDecodeError:
-            data = None
-        profile = self.profiles[route.name]
+    def _results(self, answer: Answer, count: int, now: datetime) -> list[dict[str, Any]]:
+        """A provider's results, normalised (deduplicated, blocked domains and file types left
+        out, cut to `count`), with the details its vendor gives."""
+        if answer.part != "results":
+            return []
+        profile = self.providers[answer.provider].profile  # the shape the answer is in
         results = normalize_results(
-            extract_results(profile, data),
-            max_results=max_results,
+            list(answer.results),
+            max_results=count,
             blocked_domains=self.config.blocked_domains,
             blocked_extensions=self.config.blocked_extensions,
         )
-        details = extract_details(profile, data, now=now)
+        details = extract_details(profile, answer.data, now=now)
         out = []
         for place, r in enumerate(results, start=1):
             d = details.get(r.url)
@@ -513,56 +445,10 @@ class SearchApi:
                     "score": d.score if d else None,
                     "published_date": d.published_date if d else None,
                     "position": d.position if d else place,
-                    "provider": provider,
+                    "provider": answer.answered_by,
                 }
             )
         return out
-
-    def _flow(
-        self, route: Route, query: str, run: _Run, now: datetime
-    ) -> tuple[Flow, tuple[str, ...]]:
-        """The vendor request for one provider, and the options it had to drop."""
-        call, rid = run.call, run.request_id
-        profile = self.profiles[route.name]
-        sr, dropped = build_search(profile, query, call.options, now=now)
-        set_headers = route.set_headers
-        client = run.client
-        key = call.credentials.get(route.name)
-        if key is not None:
-            sr = with_credential(profile, sr, key)
-            slot = credential_slot(profile)
-            slot_name = slot.name.lower() if slot else ""
-            # The agent's key replaces the configured one; only a digest of it identifies the
-            # caller to the cache, the limiter and the loop guard.
-            set_headers = tuple(
-                (k, v)
-                for k, v in set_headers
-                if k.lower() != slot_name and not is_credential_name(k)
-            )
-            client = client or hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-        headers: CIMultiDict[str] = CIMultiDict(set_headers)
-        headers.update(sr.headers)
-        body = b""
-        if sr.json_body is not None:
-            body = orjson.dumps(sr.json_body)
-            headers["Content-Type"] = "application/json"
-        if rid:
-            headers["X-Request-Id"] = rid
-        now_s = self.clock.now()
-        flow = Flow(
-            route=route.name,
-            method=sr.method,
-            path=sr.path,
-            query_string=urlencode(sr.query_params),
-            headers=headers,
-            body=body,
-            request_id=rid,
-            client=client,
-            deadline=now_s + route.config.timeouts.total,
-            started=now_s,
-            calls=run.calls,
-        )
-        return flow, dropped
 
 
 def _answer(
@@ -600,25 +486,6 @@ class _Run:
     client: str = ""  # the known client calling (clients:), else ""
 
 
-@dataclass(slots=True)
-class _Outcome:
-    tried: Tried
-    results: list[dict[str, Any]] | None = None
-    query_used: str | None = None
-    from_cache: bool = False
-    cache_age_s: int | None = None
-    answered_by: str | None = None  # the route whose results these are
-
-
-def _failover_dropped(call: SearchCall, flow: Flow) -> tuple[str, ...]:
-    """The dropped options when the route's failover answered: as its header lists them, else
-    every option sent (none is known to have reached the fallback vendor)."""
-    listed = flow.reply_headers.get(FAILOVER_DROPPED_HEADER)
-    if listed is None:
-        return call.dropped(call.options.requested())
-    return call.dropped(tuple(n.strip() for n in listed.split(",") if n.strip()))
-
-
 def _all_failed(tried: list[Tried]) -> ProxyError:
     """The error when no provider answered: a retry-later one, or a do-not-retry one when every
     provider refused for good (bad key, no credits, no key configured)."""
@@ -645,14 +512,6 @@ def _all_failed(tried: list[Tried]) -> ProxyError:
         upstream_status=status,
         retry_after_s=retry_in,
     )
-
-
-def _reason(err: ProxyError) -> str:
-    """A provider's failure in a few words: 'timed out after 10s', 'circuit open (retry in 27s)'."""
-    if err.retry_after_s is None or err.retry_after_s <= 0:
-        return err.reason
-    when = "in" if isinstance(err, CircuitOpen) else "after"
-    return f"{err.reason} (retry {when} {seconds_text(err.retry_after_s)})"
 
 
 def _dumps(obj: Any) -> str:

@@ -60,7 +60,7 @@ class Upstream:
 
 
 def make_flow() -> Flow:
-    return Flow(
+    return Flow.new(
         route=ROUTE,
         method="POST",
         path="/search",
@@ -89,7 +89,7 @@ async def refused(breaker: Breaker, upstream: Upstream) -> CircuitOpen:
     flow = make_flow()
     with pytest.raises(CircuitOpen) as info:
         await breaker.handle(flow, upstream)
-    assert flow.breaker == "open"
+    assert flow.trace.breaker == "open"
     return info.value
 
 
@@ -216,7 +216,7 @@ async def test_half_open_admits_exactly_one_of_ten_concurrent_requests() -> None
         assert isinstance(error, CircuitOpen)
         assert error.retry_after_s is not None and error.retry_after_s >= 1.0
         assert "probe" in error.message
-    assert sorted(f.breaker for f in flows) == ["half_open"] + ["open"] * 9
+    assert sorted(f.trace.breaker for f in flows) == ["half_open"] + ["open"] * 9
     upstream.gate.set()
     await asyncio.gather(*tasks, return_exceptions=True)
     assert breaker.state == "closed"

@@ -74,7 +74,7 @@ class ProbeEvents(RecordingEvents):
 
 def flow_with(clock: ManualClock, seconds_left: float) -> Flow:
     flow = make_flow()
-    flow.deadline = clock.now() + seconds_left
+    flow.context.deadline = clock.now() + seconds_left
     return flow
 
 
@@ -199,7 +199,7 @@ async def test_a_request_waits_out_the_end_of_a_short_opening_and_becomes_the_pr
     reply = await breaker.handle(flow, Upstream())  # 0.5 s left: within max_wait
     assert reply.status == 200
     assert clock.sleeps == [0.5]
-    assert flow.breaker == "half_open" and flow.waited_seconds == pytest.approx(0.5)
+    assert flow.trace.breaker == "half_open" and flow.trace.waited_seconds == pytest.approx(0.5)
     assert breaker.state == "closed"
 
 
@@ -284,7 +284,7 @@ async def test_slow_start_admits_a_growing_share_of_a_backlog_over_its_window() 
         assert abs(got - want) <= 2, admitted
     fresh = make_flow()
     await breaker.handle(fresh, upstream)
-    assert clock.sleeps[-1] < 2.0 and fresh.breaker == "closed"  # the ramp is over
+    assert clock.sleeps[-1] < 2.0 and fresh.trace.breaker == "closed"  # the ramp is over
 
 
 async def test_slow_start_refuses_a_request_whose_deadline_cannot_wait_for_its_place() -> None:
@@ -301,7 +301,7 @@ async def test_slow_start_refuses_a_request_whose_deadline_cannot_wait_for_its_p
     assert info.value.headers == {"X-Circuit": "slow-start"}
     assert info.value.retry_after_s == pytest.approx(6.18, abs=0.01)
     assert "traffic returns gradually over 10s" in info.value.message
-    assert flow.breaker == "slow_start"
+    assert flow.trace.breaker == "slow_start"
 
 
 async def test_an_admin_reset_skips_slow_start() -> None:

@@ -133,7 +133,7 @@ def make_flow(
     client: str = "",
     deadline_in: float = 30.0,
 ) -> Flow:
-    return Flow(
+    return Flow.new(
         route=ROUTE,
         method=method,
         path="/search",
@@ -539,7 +539,7 @@ async def test_a_miss_is_stored_and_the_next_request_is_a_hit_without_a_vendor_c
     first = await cache.handle(first_flow, vendor)
     assert first.headers["X-Cache"] == "MISS"
     assert first.headers["Cache-Status"] == "search-proxy; fwd=uri-miss; stored"
-    assert first_flow.cache == "miss"
+    assert first_flow.trace.cache == "miss"
 
     clock.advance(5.4)
     flow = make_flow(clock)
@@ -551,7 +551,7 @@ async def test_a_miss_is_stored_and_the_next_request_is_a_hit_without_a_vendor_c
     assert hit.headers["Cache-Status"] == "search-proxy; hit; ttl=54"
     assert hit.headers["Content-Type"] == "application/json"
     assert "Set-Cookie" not in hit.headers and "Date" not in hit.headers
-    assert flow.cache == "hit"
+    assert flow.trace.cache == "hit"
     assert events.results == ["store", "miss", "hit"]
 
 
@@ -594,7 +594,7 @@ async def test_a_method_outside_the_configured_methods_bypasses_the_cache() -> N
     for _ in range(2):
         flow = make_flow(clock, method="GET", query="q=x", body=b"")
         reply = await cache.handle(flow, vendor)
-        assert reply.headers["X-Cache"] == "BYPASS" and flow.cache == "bypass"
+        assert reply.headers["X-Cache"] == "BYPASS" and flow.trace.cache == "bypass"
     assert vendor.calls == 2
     assert events.results == ["bypass", "bypass"]
 
@@ -631,7 +631,9 @@ async def test_no_cache_still_falls_back_to_the_entry_when_the_vendor_fails() ->
     await cache.handle(make_flow(clock), Vendor(ok()))
     flow = make_flow(clock, headers={"Cache-Control": "no-cache"})
     reply = await cache.handle(flow, Vendor(failing(503)))
-    assert reply.body == BODY and reply.headers["X-Cache"] == "STALE" and flow.cache == "stale"
+    assert (
+        reply.body == BODY and reply.headers["X-Cache"] == "STALE" and flow.trace.cache == "stale"
+    )
 
 
 # --- what is never stored ---------------------------------------------------------------------
@@ -744,7 +746,7 @@ async def test_a_failing_vendor_gets_the_stale_entry_after_ttl(
     assert reply.headers["Age"] == "90"
     assert reply.headers["Cache-Status"] == f"search-proxy; {how}; ttl=-30; detail={detail}"
     assert "Warning" not in reply.headers
-    assert flow.cache == "stale" and events.results[-1] == "stale"
+    assert flow.trace.cache == "stale" and events.results[-1] == "stale"
     if isinstance(failure, Reply):
         assert vendor.released == 1  # the failed reply's connection is given back
 
@@ -818,7 +820,7 @@ async def test_twenty_concurrent_identical_requests_make_one_vendor_call() -> No
     assert vendor.calls == 1
     assert all(r.body == BODY and r.status == 200 for r in replies)
     assert len({id(r.headers) for r in replies}) == 20  # each got its own copy
-    assert [f.cache for f in flows] == ["miss"] * 20
+    assert [f.trace.cache for f in flows] == ["miss"] * 20
     assert events.coalesced_count == 19
     assert events.results.count("store") == 1 and events.results.count("miss") == 20
     assert (await cache.handle(make_flow(clock), vendor)).headers["X-Cache"] == "HIT"
@@ -845,9 +847,11 @@ async def test_a_session_bound_4xx_is_not_shared_when_the_key_leaves_part_of_the
     cache = make_cache(clock)
     gate = asyncio.Event()
     vendor = Vendor(failing(404), ok(), gate=gate)
-    flows = [make_flow(clock, headers={"Mcp-Session-Id": s}) for s in ("gone", "alive")]
-    for f in flows:
-        f.key_body = b'{"tool":"search","arguments":{"query":"q"}}'
+    key_body = b'{"tool":"search","arguments":{"query":"q"}}'
+    flows = [
+        f.with_request(replace(f.request, key_body=key_body))
+        for f in (make_flow(clock, headers={"Mcp-Session-Id": s}) for s in ("gone", "alive"))
+    ]
     tasks = [asyncio.create_task(cache.handle(f, vendor)) for f in flows]
     await eventually(lambda: vendor.calls == 1)
     gate.set()

@@ -74,7 +74,6 @@ class Vendor:
     async def __call__(self, flow: Flow) -> Reply:
         index = self.calls
         self.calls += 1
-        flow.attempts += 1
         step = self.script[index] if index < len(self.script) else answer()
         if step is HELD:
             self.held[index] = asyncio.get_running_loop().create_future()
@@ -123,7 +122,7 @@ def make_flow(
     deadline_in: float = 30.0,
 ) -> Flow:
     now = clock.now()
-    return Flow(
+    return Flow.new(
         route="r",
         method=method,
         path=path,
@@ -253,14 +252,16 @@ async def test_a_slow_attempt_is_hedged_and_the_first_usable_answer_wins() -> No
     vendor = Vendor(HELD, answer(results=3))
     hedge = make_hedge(clock, events, after_s=0.2)
     flow = make_flow(clock)
-    reply = await compose([hedge], vendor)(flow)
+    # One attempt of the retry loop, which counts the request's attempts, hedged.
+    retry = Retry("r", RetryConfig(attempts=1), per_try=2.0, clock=clock, events=NullEvents())
+    reply = await compose([retry, hedge], vendor)(flow)
     assert reply.status == 200 and len(orjson.loads(reply.body)["results"]) == 3
     assert vendor.calls == 2 and vendor.cancelled == 1  # the loser was cancelled
     assert clock.sleeps == [pytest.approx(0.2)]  # the hedge waited `after`
     assert events.hedges == ["won"]
     # The request's own attempt count is the retry loop's; the hedge is counted apart.
-    assert flow.attempts == 1 and flow.hedges == 1
-    assert flow.reply_headers["X-Proxy-Hedges"] == "1"
+    assert flow.trace.attempts == 1 and flow.trace.hedges == 1
+    assert flow.trace.reply_headers["X-Proxy-Hedges"] == "1"
 
 
 async def test_a_fast_answer_is_never_hedged() -> None:
@@ -270,8 +271,8 @@ async def test_a_fast_answer_is_never_hedged() -> None:
     flow = make_flow(clock)
     reply = await compose([make_hedge(clock, events)], vendor)(flow)
     assert reply.status == 200 and vendor.calls == 1
-    assert events.hedges == [] and flow.hedges == 0
-    assert "X-Proxy-Hedges" not in flow.reply_headers
+    assert events.hedges == [] and flow.trace.hedges == 0
+    assert "X-Proxy-Hedges" not in flow.trace.reply_headers
 
 
 async def test_when_the_first_attempt_wins_the_hedge_is_cancelled() -> None:
@@ -337,7 +338,7 @@ async def test_max_extra_sends_hedges_one_after_another() -> None:
     reply = await compose([hedge], vendor)(flow)
     assert reply.status == 200 and vendor.calls == 3 and vendor.cancelled == 2
     assert sorted(events.hedges) == ["cancelled", "won"]
-    assert flow.hedges == 2 and flow.reply_headers["X-Proxy-Hedges"] == "2"
+    assert flow.trace.hedges == 2 and flow.trace.reply_headers["X-Proxy-Hedges"] == "2"
     assert clock.sleeps == [pytest.approx(0.2), pytest.approx(0.2)]  # at 1x and 2x after
 
 
@@ -350,7 +351,7 @@ async def test_no_hedge_is_sent_once_the_deadline_is_too_close() -> None:
     await settle()
     assert clock.sleeps == [pytest.approx(0.2)] and vendor.calls == 1
     vendor.answer(0, answer())
-    assert (await task).status == 200 and flow.hedges == 0
+    assert (await task).status == 200 and flow.trace.hedges == 0
 
 
 async def test_after_auto_hedges_once_the_window_knows_the_routes_latency() -> None:
@@ -435,7 +436,7 @@ async def test_each_hedge_spends_a_rate_limit_token() -> None:
     reply = await handler(flow)
     assert reply.status == 200
     assert events.tokens == ["allowed", "allowed"]  # the attempt's token and the hedge's
-    assert flow.attempts == 1 and flow.hedges == 1
+    assert flow.trace.attempts == 1 and flow.trace.hedges == 1
     assert events.retries == []  # a hedge is no retry
 
 

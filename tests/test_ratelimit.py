@@ -61,7 +61,7 @@ def make_flow(
     client: str = "caller-a",
     headers: dict[str, str] | None = None,
 ) -> Flow:
-    return Flow(
+    return Flow.new(
         route="tavily",
         method="POST",
         path="/search",
@@ -256,7 +256,7 @@ async def test_policy_rejects_with_retry_after_and_an_actionable_message() -> No
     await policy.handle(make_flow(clock), upstream)
     await policy.handle(make_flow(clock), upstream)
     flow = make_flow(clock)
-    flow.attempts = 1
+    flow.trace.attempts = 1
     with pytest.raises(RateLimited) as caught:
         await policy.handle(flow, upstream)
     err = caught.value

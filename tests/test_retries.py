@@ -221,7 +221,7 @@ async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
     async with aiohttp.ClientSession(connector=connector) as session:
         retry = Retry("tavily", cfg.section("retry"), per_try=1.0, clock=clock, events=NullEvents())
         handler = compose([retry], Upstream(cfg, session, clock))
-        flow = Flow(
+        flow = Flow.new(
             route="tavily",
             method="POST",
             path="/search",
@@ -236,6 +236,6 @@ async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
         with pytest.raises(UpstreamUnreachable) as caught:
             await handler(flow)
     err = caught.value
-    assert err.transient is False and flow.attempts == 1 and clock.sleeps == []
+    assert err.transient is False and flow.trace.attempts == 1 and clock.sleeps == []
     assert "api.tavily.example does not resolve" in err.message
     assert "retrying will not help" in err.message

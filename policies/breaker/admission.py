@@ -94,15 +94,15 @@ class Admission:
                     place = self._place = (self._place + _GOLDEN) % 1.0
                 delay = circuit.slow_start_wait(place, now)
                 if delay <= 0:
-                    flow.breaker = CLOSED
+                    flow.trace.breaker = CLOSED
                     return Ticket(circuit.epoch)
                 # The ramp must leave the call itself at least as much time as it takes.
-                if delay > (flow.deadline - now) / 2:
+                if delay > (flow.context.deadline - now) / 2:
                     raise self._ramp_refusal(flow, delay)
                 await self._pause(flow, delay)
                 continue
             if hold_until is None:
-                hold_until = now + max(0.0, min(config.max_wait, (flow.deadline - now) / 2))
+                hold_until = now + max(0.0, min(config.max_wait, (flow.context.deadline - now) / 2))
             left = hold_until - now
             if state == OPEN:
                 until = circuit.seconds_until_half_open(now)
@@ -131,7 +131,7 @@ class Admission:
                     if not grant.admitted:
                         circuit.end_probe(epoch)
                 if grant.admitted:
-                    flow.breaker = HALF_OPEN
+                    flow.trace.breaker = HALF_OPEN
                     # Without a key Redis is unreachable, and the local gate decides alone.
                     return Ticket(epoch, True, grant if grant.key is not None else None)
                 left = hold_until - self._clock.now()
@@ -157,10 +157,10 @@ class Admission:
             await asyncio.wait((sleep, change), return_when=asyncio.FIRST_COMPLETED)
         finally:
             sleep.cancel()
-            flow.waited_seconds += self._clock.now() - started
+            flow.trace.waited_seconds += self._clock.now() - started
 
     def _refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
-        flow.breaker = OPEN
+        flow.trace.breaker = OPEN
         failures = self._circuit.failures
         cause = f" after {failures} consecutive failure{'s' if failures != 1 else ''}"
         if self._circuit.state == HALF_OPEN:
@@ -170,19 +170,19 @@ class Admission:
         return CircuitOpen(
             f"{self._route}: {what}; retry in {seconds_text(retry_after)}",
             route=self._route,
-            attempts=flow.attempts,
+            attempts=flow.trace.attempts,
             retry_after_s=retry_after,
             headers={"X-Circuit": "open"},
         )
 
     def _ramp_refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
-        flow.breaker = "slow_start"
+        flow.trace.breaker = "slow_start"
         return CircuitOpen(
             f"{self._route}: the vendor just recovered and traffic returns gradually over "
             f"{seconds_text(self._circuit.config.slow_start)}; retry in "
             f"{seconds_text(retry_after)}",
             route=self._route,
-            attempts=flow.attempts,
+            attempts=flow.trace.attempts,
             retry_after_s=retry_after,
             headers={"X-Circuit": "slow-start"},
         )

@@ -108,7 +108,7 @@ class Breaker:
         circuit = self._circuit
         ticket: Ticket | None = None
         if circuit.passes_freely():
-            flow.breaker = CLOSED
+            flow.trace.breaker = CLOSED
             epoch = circuit.epoch
         else:
             ticket = await self._admission.admit(flow)

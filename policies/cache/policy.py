@@ -85,20 +85,20 @@ class StaleCache:
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         """Answer from the cache, or call the vendor and store; serve stale if the vendor fails."""
-        if flow.method not in self.cfg.methods:
+        if flow.request.method not in self.cfg.methods:
             return await self._bypass(flow, call_next)
-        directives = request_directives(flow.headers)
+        directives = request_directives(flow.request.headers)
         if directives.no_store:
             return await self._bypass(flow, call_next)
         key = cache_key(
             self.route,
-            flow.method,
-            flow.path,
-            flow.query_string,
-            flow.body if flow.key_body is None else flow.key_body,
-            flow.headers,
+            flow.request.method,
+            flow.request.path,
+            flow.request.query_string,
+            flow.request.body if flow.request.key_body is None else flow.request.key_body,
+            flow.request.headers,
             self.cfg,
-            flow.client,
+            flow.request.client,
             self.known,
         )
         pending = self._inflight.get(key)
@@ -108,7 +108,7 @@ class StaleCache:
         # The lookup takes the fetch lock too when the entry is missing or not fresh: one
         # round trip to Redis instead of two.
         fresh_after = math.inf if directives.no_cache else self.clock.wall() - self.cfg.ttl
-        ask = self.fetch_lock.ask(flow.deadline)
+        ask = self.fetch_lock.ask(flow.context.deadline)
         entry, lease = await self.store.lookup(key, fresh_after, ask)
         fwd = "uri-miss"
         if entry is not None:
@@ -134,7 +134,7 @@ class StaleCache:
 
     def _mark(self, flow: Flow, result: str) -> None:
         # Each request reports exactly one of hit, miss, stale or bypass.
-        flow.cache = result
+        flow.trace.cache = result
         self.events.cache(self.route, result)
 
     async def _bypass(self, flow: Flow, call_next: Handler) -> Reply:
@@ -179,17 +179,21 @@ class StaleCache:
         except asyncio.CancelledError:
             raise
         except BaseException as exc:
-            outcome = _Outcome(cache=flow.cache or "miss", error=exc)
+            outcome = _Outcome(cache=flow.trace.cache or "miss", error=exc)
             raise
         else:
             if reply.stream is not None:
                 outcome = _Outcome(cache="miss", streamed=True)
-            elif flow.key_body is not None and 400 <= reply.status < 500 and reply.status != 429:
+            elif (
+                flow.request.key_body is not None
+                and 400 <= reply.status < 500
+                and reply.status != 429
+            ):
                 # The key leaves part of the request out (an MCP call's session): an answer
                 # about this request itself (404: its session is gone) is not the others'.
                 pass
             else:
-                outcome = _Outcome(cache=flow.cache or "miss", reply=_copy(reply))
+                outcome = _Outcome(cache=flow.trace.cache or "miss", reply=_copy(reply))
             return reply
         finally:
             del self._inflight[key]
@@ -205,7 +209,7 @@ class StaleCache:
         lease: Lease,
     ) -> Reply:
         if lease.state is LockState.HELD:
-            arrived = await self.fetch_lock.wait(key, flow.deadline, fallback)
+            arrived = await self.fetch_lock.wait(key, flow.context.deadline, fallback)
             if arrived is not None:
                 entry, age = arrived
                 self.events.coalesced(self.route)

@@ -119,6 +119,15 @@ class RateLimited(LocalRefusal):
     summary = "429"
 
 
+class CallBudgetSpent(LocalRefusal):
+    """The agent request made search_api.max_calls_per_request vendor calls: no more are made
+    for it (another provider's cache may still answer)."""
+
+    status = 503
+    type = "call_budget_spent"
+    summary = "call budget spent"
+
+
 class QuotaExceeded(RateLimited):
     """The caller's daily quota (`clients.<name>.daily_requests`) is used up until the day
     ends; `retry_after_s` is the time until then. A rate limit to every SDK (429)."""
@@ -158,6 +167,11 @@ class DeadlineExceeded(VendorFailure):
     type = "deadline_exceeded"
     summary = "ran out of time"
     outcome = Outcome.TIMEOUT
+
+
+class OutOfTime(DeadlineExceeded):
+    """The request's deadline passed before an attempt could start: nothing reached the vendor,
+    so the attempt is not counted (the retry loop gives back its vendor call)."""
 
 
 class UpstreamTimeout(AttemptFailed):

@@ -1,8 +1,10 @@
-"""The per-request state that walks a route's policy chain, and the reply that comes back.
+"""What walks a route's policy chain, one way, and the reply that comes back.
 
 A route is built once into a chain of policies wrapping the upstream call (httpx-transport
 style). Each policy is `async def handle(flow, call_next) -> Reply`: it may answer itself,
-pass on, or act on the reply. Policies annotate the flow; the server turns it into a log line.
+pass on (the same flow, or one with another request or attempt), or act on the reply. A flow
+is the immutable request, its context (deadline, call budget, interim messages) and its
+append-only trace, which the server turns into answer headers and a log line.
 """
 
 from __future__ import annotations
@@ -41,7 +43,9 @@ class Reply:
 
 class CallBudget:
     """How many vendor calls one agent request may still make, shared by every flow it starts
-    (a /v1/search request's queries and providers, their retries, variants and failovers)."""
+    (a /v1/search request's queries and providers, their retries, variants and failovers).
+    The retry loop takes one per attempt and the hedge one per hedge; a call refused inside
+    the proxy (its limiter, its connection pool) gives its one back."""
 
     __slots__ = ("limit", "spent")
 
@@ -56,23 +60,51 @@ class CallBudget:
         self.spent += 1
         return True
 
+    def refund(self) -> None:
+        """Give back a call that never reached the vendor."""
+        self.spent = max(0, self.spent - 1)
 
-@dataclass(slots=True)
-class Flow:
-    """One agent request as the policies see it."""
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """What the agent asked, as the route sends it upstream. Never changed once the chain runs:
+    a policy that sends something else (a simpler query, an MCP attempt under its own id) sends
+    a copy (`Flow.with_request`)."""
 
     route: str
     method: str
     path: str  # upstream path, already confined to the route
     query_string: str
-    headers: CIMultiDict[str]  # outbound headers: hop-by-hop stripped, route headers applied
+    # Outbound headers: hop-by-hop stripped, route headers applied. Read-only from here on.
+    headers: CIMultiDict[str]
     body: bytes
     request_id: str
-    client: str  # hash of the caller's credentials; "" when it sent none
+    client: str  # hash of the caller's credentials (or the known client's name); "" if none
+    # What the cache keys on instead of `body`, when the body carries per-call noise (an MCP
+    # tools/call's JSON-RPC id and progress token); None: the body itself.
+    key_body: bytes | None = None
+
+
+@dataclass(slots=True)
+class Context:
+    """What bounds one agent request, shared by every flow it starts (a /v1/search request's
+    queries and providers, their retries, variants and failovers)."""
+
     deadline: float  # clock.now() value after which no attempt may run
     started: float
-    attempts: int = 0  # upstream attempts of the retry loop (hedges not included)
-    max_attempts: int = 1
+    calls: CallBudget | None = None  # the request's bound on vendor calls; None: no bound
+    # Where interim messages of a long answer go while it is still running (an MCP server's
+    # progress notifications), relayed to the agent at once; None: they are dropped.
+    interim: Callable[[bytes], Awaitable[None]] | None = None
+
+
+@dataclass(slots=True)
+class Trace:
+    """What was done for one route request, for its answer's headers and its log line. Only
+    ever added to: counters grow, a field once set is the answer's (the last policy to set
+    `cache` or `provider` is the one nearest the agent)."""
+
+    attempts: int = 0  # attempts of the retry loop that reached the vendor (hedges not included)
     hedges: int = 0  # hedged attempts sent besides them (policies/hedge.py)
     upstream_seconds: float = 0.0  # time spent in upstream attempts
     waited_seconds: float = 0.0  # time spent deliberately waiting (backoff, rate limit)
@@ -82,17 +114,55 @@ class Flow:
     query_used: str | None = None
     provider: str | None = None  # the fallback route that answered, when failover did
     reply_headers: dict[str, str] = field(default_factory=dict)  # added to the agent's answer
-    calls: CallBudget | None = None  # the request's bound on vendor calls; None: no bound
-    # What the cache keys on instead of `body`, when the body carries per-call noise (an MCP
-    # tools/call's JSON-RPC id and progress token); None: the body itself.
-    key_body: bytes | None = None
-    # Where interim messages of a long answer go while it is still running (an MCP server's
-    # progress notifications), relayed to the agent at once; None: they are dropped.
-    interim: Callable[[bytes], Awaitable[None]] | None = None
     rpc: str | None = None  # an MCP route's JSON-RPC method (and tool), for the log line
-    rpc_attempt: str | None = None  # the JSON-RPC id the current upstream attempt carries
+    rpc_attempts: list[str] = field(default_factory=list)  # the JSON-RPC ids attempts went under
     # The type of an error the proxy answered inside a 200 (an MCP tool error), for the log.
     error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Flow:
+    """One route request as the policies see it: the request, what bounds it, what was done,
+    and which attempt of the retry loop this is (0 outside the loop)."""
+
+    request: Request
+    context: Context
+    trace: Trace
+    attempt: int = 0
+    max_attempts: int = 1
+
+    @classmethod
+    def new(
+        cls,
+        *,
+        route: str,
+        method: str,
+        path: str,
+        query_string: str,
+        headers: CIMultiDict[str],
+        body: bytes,
+        request_id: str,
+        client: str,
+        deadline: float,
+        started: float,
+        calls: CallBudget | None = None,
+    ) -> Flow:
+        """A new request's flow: its request, its own context and an empty trace."""
+        request = Request(route, method, path, query_string, headers, body, request_id, client)
+        return cls(request, Context(deadline, started, calls), Trace())
+
+    def with_request(self, request: Request) -> Flow:
+        """This flow sending `request` instead (same context, same trace)."""
+        return Flow(request, self.context, self.trace, self.attempt, self.max_attempts)
+
+    def for_attempt(self, attempt: int, max_attempts: int) -> Flow:
+        """This flow as attempt `attempt` of `max_attempts` of the retry loop."""
+        return Flow(self.request, self.context, self.trace, attempt, max_attempts)
+
+    @property
+    def attempt_text(self) -> str:
+        """`(attempt 2 of 3)`, for the messages of a failed attempt."""
+        return f"(attempt {self.attempt} of {self.max_attempts})"
 
 
 Handler = Callable[[Flow], Awaitable[Reply]]

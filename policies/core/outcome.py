@@ -59,3 +59,6 @@ RETRY_CONDITIONS: tuple[Outcome, ...] = (
     Outcome.RESET,
     Outcome.MALFORMED,
 )
+
+# Statuses that mean "this exact request will fail again": bad key, no credits, bad input.
+TERMINAL_STATUSES = frozenset({400, 401, 402, 403, 422})

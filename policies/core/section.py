@@ -83,7 +83,8 @@ SideRequest = Callable[[str, str, bytes], Awaitable[int]]
 
 @dataclass(frozen=True)
 class Provider:
-    """Another search route as seen from this one: its chain and what it needs to call it."""
+    """Another search route as seen from this one (or from /v1/search): its chain and what it
+    takes to ask it."""
 
     name: str
     profile: VendorProfile
@@ -91,7 +92,11 @@ class Provider:
     classify: Classifier
     headers: tuple[tuple[str, str], ...]  # that route's configured headers (its own key)
     total: float  # that route's timeouts.total
-    available: Callable[[], bool]  # false while its breaker is open or its key is missing
+    clock: Clock
+    # The credential header configured empty (an unset ${VAR:-}): no key of the route's own.
+    missing_key: str | None
+    # Seconds until its open circuit lets a probe through; None while it is not open.
+    circuit_open: Callable[[], float | None]
 
 
 @dataclass

@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import secrets
 from collections.abc import AsyncIterator, Mapping
+from dataclasses import replace
 from typing import Any
 
 import structlog
@@ -54,8 +55,9 @@ _JSON = CIMultiDict({"Content-Type": "application/json"})
 
 class McpUpstream:
     """One attempt of a tool call: sends it under an id of its own, relays the progress it
-    streams to `flow.interim`, and answers the chain with the final JSON-RPC response (status
-    503 when it is a transient failure, so retries, the breaker and stale entries act on it)."""
+    streams to the request's interim sink, and answers the chain with the final JSON-RPC
+    response (status 503 when it is a transient failure, so retries, the breaker and stale
+    entries act on it)."""
 
     def __init__(self, route: str, cfg: McpConfig, upstream: Handler, clock: Clock) -> None:
         self.route = route
@@ -64,29 +66,28 @@ class McpUpstream:
         self.clock = clock
 
     async def __call__(self, flow: Flow) -> Reply:
-        message = parse_message(flow.body)
+        message = parse_message(flow.request.body)
         if message is None:  # the edge only sends tool calls here
             raise UpstreamInvalidResponse(f"{self.route}: not a JSON-RPC message", route=self.route)
         tool = str((message.get("params") or {}).get("name", ""))
-        attempt_id = flow.rpc_attempt = f"{_ATTEMPT_PREFIX}{next(_ATTEMPT_NUMBERS)}"
-        body, flow.body = flow.body, encode({**message, "id": attempt_id})
-        try:
-            reply = await self.upstream(flow)
-        finally:
-            flow.body = body
+        attempt_id = f"{_ATTEMPT_PREFIX}{next(_ATTEMPT_NUMBERS)}"
+        flow.trace.rpc_attempts.append(attempt_id)
+        body = encode({**message, "id": attempt_id})
+        reply = await self.upstream(flow.with_request(replace(flow.request, body=body)))
         if not 200 <= reply.status < 300:
             return reply  # the status decides: 429 and 5xx are retried, 4xx passes through
         try:
-            remaining = flow.deadline - self.clock.now()
+            remaining = flow.context.deadline - self.clock.now()
             async with asyncio.timeout(max(remaining, 0.0)):
                 final = await self._final(flow, reply, attempt_id)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{self.route}: the tool call {tool!r} ran past the route's timeouts.total of "
-                f"{seconds_text(flow.deadline - flow.started)} after {flow.attempts} "
-                "attempt(s); raise timeouts.total for long tool calls, or try again",
+                f"{seconds_text(flow.context.deadline - flow.context.started)} after "
+                f"{flow.attempt} attempt(s); raise timeouts.total for long tool calls, or try "
+                "again",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.attempt,
             ) from None
         finally:
             reply.discard()
@@ -110,25 +111,24 @@ class McpUpstream:
                         continue
                     if is_response(message) and message.get("id") == attempt_id:
                         return message
-                    if flow.interim is not None and not is_response(message):
-                        await flow.interim(sse_event(encode(message)))
+                    if flow.context.interim is not None and not is_response(message):
+                        await flow.context.interim(sse_event(encode(message)))
         except StreamCut as cut:
             raise cut.error from None  # an attempt that failed: the retry loop decides
         raise UpstreamUnreachable(
             f"{self.route}: the MCP server ended the tool call's stream without a result "
-            f"(attempt {flow.attempts} of {flow.max_attempts}); try again shortly",
+            f"{flow.attempt_text}; try again shortly",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
             outcome=Outcome.RESET,
             reason="ended the stream without a result",
         )
 
     def _malformed(self, flow: Flow, what: str) -> UpstreamInvalidResponse:
         return UpstreamInvalidResponse(
-            f"{self.route}: the MCP server {what} (attempt {flow.attempts} of "
-            f"{flow.max_attempts}); try again shortly",
+            f"{self.route}: the MCP server {what} {flow.attempt_text}; try again shortly",
             route=self.route,
-            attempts=flow.attempts,
+            attempts=flow.attempt,
         )
 
 
@@ -149,7 +149,7 @@ class McpRoute:
         self._running: dict[tuple[str, str, bytes], tuple[asyncio.Task[Reply], Flow]] = {}
 
     async def __call__(self, flow: Flow) -> Reply:
-        message = parse_message(flow.body) if flow.method == "POST" else None
+        message = parse_message(flow.request.body) if flow.request.method == "POST" else None
         method = message.get("method") if message is not None else None
         params = message.get("params") if message is not None else None
         if not isinstance(params, dict):
@@ -157,14 +157,14 @@ class McpRoute:
         tool = params.get("name")
         if isinstance(method, str):
             rpc = f"{method} {tool}" if isinstance(tool, str) else method
-            flow.rpc = rpc[:120]  # the agent's text: bounded on the log line
+            flow.trace.rpc = rpc[:120]  # the agent's text: bounded on the log line
         if message is None or method is None or "id" not in message:
             # Notifications, responses, batches, DELETE, and the GET stream: a silent GET
             # stream cut by timeouts.idle just ends (the client opens another), no error event.
             if method == "notifications/cancelled":
-                self._cancel(flow, message or {}, params)
+                flow = self._cancel(flow, message or {}, params)
             reply = await self.upstream(flow)
-            if reply.stream is not None and flow.method == "GET":
+            if reply.stream is not None and flow.request.method == "GET":
                 reply.cut_tail = _nothing
             return reply
         request_id = message["id"]
@@ -177,23 +177,28 @@ class McpRoute:
             or not params.keys() <= {"name", "arguments", "_meta"}
         ):
             return await self._passthrough(flow, request_id)
-        flow.key_body = encode({"tool": tool, "arguments": params.get("arguments") or {}})
-        return await self._tool_call(flow, request_id)
+        key_body = encode({"tool": tool, "arguments": params.get("arguments") or {}})
+        return await self._tool_call(
+            flow.with_request(replace(flow.request, key_body=key_body)), request_id
+        )
 
     def _key(self, flow: Flow, request_id: Any) -> tuple[str, str, bytes]:
-        session = flow.headers.get("Mcp-Session-Id", "")
-        return session, flow.client, encode({"id": request_id})
+        session = flow.request.headers.get("Mcp-Session-Id", "")
+        return session, flow.request.client, encode({"id": request_id})
 
-    def _cancel(self, flow: Flow, message: dict[str, Any], params: dict[str, Any]) -> None:
-        """The agent cancels a tool call: stop ours, and tell the server under the id it knows."""
+    def _cancel(self, flow: Flow, message: dict[str, Any], params: dict[str, Any]) -> Flow:
+        """The agent cancels a tool call: stop ours, and tell the server under the id it knows
+        (the flow that sends the cancel on)."""
         running = self._running.get(self._key(flow, params.get("requestId")))
         if running is None:
-            return
+            return flow
         task, call_flow = running
         task.cancel()
-        if call_flow.rpc_attempt is not None:
-            params = {**params, "requestId": call_flow.rpc_attempt}
-            flow.body = encode({**message, "params": params})
+        sent = call_flow.trace.rpc_attempts
+        if not sent:
+            return flow
+        body = encode({**message, "params": {**params, "requestId": sent[-1]}})
+        return flow.with_request(replace(flow.request, body=body))
 
     async def _passthrough(self, flow: Flow, request_id: Any) -> Reply:
         """A request the policies leave alone; a failure is answered as a JSON-RPC error."""
@@ -214,7 +219,7 @@ class McpRoute:
             streaming.set()
             await queue.put(event)
 
-        flow.interim = interim
+        flow.context.interim = interim
         call = asyncio.create_task(self._final(flow, request_id))
         key = self._key(flow, request_id)
         self._running[key] = (call, flow)
@@ -301,10 +306,10 @@ class McpRoute:
             reply.discard()
             invalid = UpstreamInvalidResponse(
                 f"{self.route}: the MCP server answered HTTP {reply.status} to the tool call "
-                f"without a JSON-RPC response after {flow.attempts} attempt(s); try again "
+                f"without a JSON-RPC response after {flow.trace.attempts} attempt(s); try again "
                 "shortly",
                 route=self.route,
-                attempts=flow.attempts,
+                attempts=flow.trace.attempts,
                 upstream_status=reply.status,
             )
             return _answer(flow, tool_error(request_id, invalid), invalid)
@@ -314,8 +319,8 @@ class McpRoute:
         message = {**message, "id": request_id}
         result = message.get("result")
         if isinstance(result, dict):  # what the proxy did, where the agent's code can read it
-            marks = {"cache": flow.cache if flow.cache in ("hit", "stale") else None}
-            marks["query_used"] = flow.query_used
+            marks = {"cache": flow.trace.cache if flow.trace.cache in ("hit", "stale") else None}
+            marks["query_used"] = flow.trace.query_used
             if any(marks.values()):
                 given = result.get("_meta")
                 meta: dict[str, Any] = given if isinstance(given, dict) else {}
@@ -325,7 +330,7 @@ class McpRoute:
 
 
 def _answer(flow: Flow, message: Mapping[str, Any], err: ProxyError) -> Reply:
-    flow.error = err.type  # the log line's `error`, also once headers have gone
+    flow.trace.error = err.type  # the log line's `error`, also once headers have gone
     headers = CIMultiDict(_JSON)
     headers["X-Proxy-Error"] = err.type
     return Reply(200, headers, encode(message), outcome=Outcome.CLIENT_ERROR)
@@ -338,5 +343,5 @@ def _nothing(err: Exception) -> bytes:
 def _cut_event(flow: Flow, request_id: Any, err: Exception, render: Any) -> bytes:
     if not isinstance(err, ProxyError):
         err = UpstreamUnreachable(str(err))
-    flow.error = err.type
+    flow.trace.error = err.type
     return sse_event(encode(render(request_id, err)))

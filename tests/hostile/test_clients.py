@@ -19,7 +19,7 @@ from typing import Any
 import pytest
 import structlog
 
-from proxy.guard import ACCEPT_FAILED, OverloadLog
+from proxy.capacity import ACCEPT_FAILED, OverloadLog
 from testkit.fakevendor import FakeVendor, Fault
 from testkit.proxyprocess import ProxyProcess
 from testkit.waiting import wait_until

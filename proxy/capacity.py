@@ -1,0 +1,137 @@
+"""What the process can hold: the open-files limit and the share of it agents' connections get,
+one warning line per interval however an overload shows, and giving freed heap back to the OS."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import math
+import resource
+from collections.abc import Callable
+from typing import Any
+
+import structlog
+
+from proxy.config import ServerConfig
+
+log = structlog.get_logger("search_proxy")
+
+# asyncio's own report of a failed accept() (no file descriptor left).
+ACCEPT_FAILED = "socket.accept() out of system resource"
+LOG_INTERVAL_S = 10.0  # events that can repeat thousands of times a second: one line per interval
+FD_RESERVE = 64  # files besides agents' and upstream connections: listener, Redis, logs, DNS
+# The listen backlog, and so how many connections asyncio may accept in one go before any of
+# the refused ones is closed: their file descriptors count too.
+LISTEN_BACKLOG = 1024
+
+
+class OverloadLog:
+    """At most one warning line per interval however an overload of connections shows: refused
+    past max_connections, or accept() failing for want of file descriptors, which asyncio reports
+    once per waiting connection and again at every retry (tens of thousands of lines a second).
+
+    Each line counts what happened since the previous one; what a quiet interval held back is
+    written when it ends. It is also the event loop's exception handler: failed accepts are
+    counted here, everything else goes to asyncio's default handler.
+    """
+
+    def __init__(
+        self,
+        clock: Callable[[], float],
+        call_at: Callable[[float, Callable[[], None]], object],
+        max_connections: int,
+        interval: float = LOG_INTERVAL_S,
+    ) -> None:
+        self.clock = clock
+        self.call_at = call_at  # loop.call_at
+        self.max_connections = max_connections
+        self.interval = interval
+        self._next = -math.inf  # no line before this time
+        self._flush_due = False
+        self._refused = 0
+        self._failed = 0
+        self._error: str | None = None
+
+    def refused(self) -> None:
+        """A connection was refused because max_connections were open."""
+        self._refused += 1
+        self._report()
+
+    def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
+        if context.get("message") != ACCEPT_FAILED:
+            loop.default_exception_handler(context)
+            return
+        self._failed += 1
+        self._error = str(context.get("exception"))
+        self._report()
+
+    def _report(self) -> None:
+        if self.clock() >= self._next:
+            self._write()
+        elif not self._flush_due:
+            self._flush_due = True
+            self.call_at(self._next, self.flush)
+
+    def flush(self) -> None:
+        """Write what is held back now (at the end of a quiet interval, and at exit)."""
+        self._flush_due = False
+        if self._refused or self._failed:
+            self._write()
+
+    def _write(self) -> None:
+        self._next = self.clock() + self.interval
+        fields: dict[str, Any] = {}
+        if self._failed:
+            fields["error"] = self._error
+            fields["hint"] = "out of file descriptors: raise ulimit -n or lower max_connections"
+        log.warning(
+            "connections_refused",
+            refused=self._refused,
+            accept_failed=self._failed,
+            max_connections=self.max_connections,
+            **fields,
+        )
+        self._refused = self._failed = 0
+        self._error = None
+
+
+def open_files_limit(wanted: int) -> int:
+    """Raise this process's soft limit on open files towards `wanted` (as far as the hard limit
+    allows, as nginx's worker_rlimit_nofile does); returns the soft limit now in force."""
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    if soft == resource.RLIM_INFINITY:
+        return wanted
+    if soft < wanted:
+        target = wanted if hard == resource.RLIM_INFINITY else min(wanted, hard)
+        try:
+            resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+            soft = target
+        except (ValueError, OSError):
+            pass
+    return soft
+
+
+def connection_budget(server: ServerConfig) -> tuple[int, int]:
+    """(max_connections, open-files limit): max_connections lowered if need be so that agents'
+    connections, with a burst of refused ones, cannot use up the file descriptors (where every
+    accept() fails). Under a very low limit, half of it still goes to agents."""
+    reserve = server.upstream_connections + FD_RESERVE + LISTEN_BACKLOG
+    limit = open_files_limit(server.max_connections + reserve)
+    return min(server.max_connections, max(limit - reserve, limit // 2)), limit
+
+
+def _malloc_trim() -> Callable[[int], int] | None:
+    try:
+        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
+    except (OSError, AttributeError):
+        return None
+    return trim
+
+
+_MALLOC_TRIM = _malloc_trim()
+
+
+def trim_heap() -> None:
+    """Hand the heap's free pages back to the OS (glibc keeps them otherwise; elsewhere a no-op)."""
+    if _MALLOC_TRIM is not None:
+        _MALLOC_TRIM(0)
