@@ -76,8 +76,11 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	@rm -f $(VENV)/.test-* $(VENV)/.run-*
 	@touch $@ $(RUN_STAMP)
 
+# redis-server brings redis-cli (topologies are built with it); openssl makes the TLS tests' CA.
 redis-server:
 	@sh scripts/ensure-package.sh redis-server redis-server
+	@sh scripts/ensure-package.sh redis-cli redis-tools
+	@sh scripts/ensure-package.sh openssl openssl
 
 # The README's tour and docs/ show curl commands; tests/test_tour.py and test_docs.py run them.
 curl:

@@ -51,11 +51,12 @@ def sections(page: Path, level: str = "## ") -> dict[str, str]:
 
 
 def first_cells(text: str) -> list[str]:
-    """The first cell of each row of the tables in `text`, its `code` without backticks."""
+    """The `code` spans of the first cell of each row of the tables in `text` (a row may
+    name several keys: `` `sentinel.username`, `sentinel.password` ``)."""
     cells = []
     for line in text.splitlines():
         if line.startswith("| `"):
-            cells.append(line.split("|")[1].strip().strip("`"))
+            cells += re.findall(r"`([^`]+)`", line.split("|")[1])
     return cells
 
 
@@ -192,7 +193,10 @@ def test_every_key_the_config_accepts_is_documented_and_every_documented_key_exi
         assert key in keys, f"{path}: documents `{row}`, which the config does not accept"
         if sub:
             assert keys[key] is not None and sub in keys[key], f"{path}: no key `{row}`"
-    mentioned = set(re.findall(r"`([\w.]+)", text))
+    prose = re.sub(r"^```.*?^```", "", text, flags=re.S | re.M)  # fences are no spans
+    mentioned = {
+        word for span in re.findall(r"`([^`]+)`", prose) for word in re.findall(r"\w+", span)
+    }
     for key, nested in keys.items():
         assert key in rows or any(r.startswith(f"{key}.") for r in rows), (
             f"{path}.{key} is accepted but not documented in docs/configuration.md"

@@ -14,7 +14,7 @@ from policies.cache.key import (
     cache_key,
     request_directives,
 )
-from policies.cache.lock import FetchLock, Lease, LockState, LockStore, Poll
+from policies.cache.lock import FetchLock, Found, Lease, LockAsk, LockState, LockStore, Poll
 from policies.cache.policy import StaleCache
 from policies.cache.store import (
     CacheStore,
@@ -41,9 +41,11 @@ __all__ = [
     "Directives",
     "Entry",
     "FetchLock",
+    "Found",
     "Freshness",
     "KnownCredentials",
     "Lease",
+    "LockAsk",
     "LockState",
     "LockStore",
     "MemoryStore",
