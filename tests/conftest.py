@@ -42,6 +42,8 @@ TIER_OF_MODULE = {
     "test_envelope": "integration",
     "test_fakemcp": "integration",
     "test_fakevendor": "integration",
+    "test_fetch_api": "integration",
+    "test_direct_fetch": "integration",
     "test_hostile_config": "e2e",
     "test_upstream": "integration",
     "test_redis_recovery": "integration",
