@@ -36,6 +36,7 @@ from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchApi, FetchTrace
 from proxy.forward import request_headers
+from proxy.mcp_fetch import FetchTool
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, build_route
@@ -482,6 +483,9 @@ async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Run the MCP server (proxy/mcp_server.py) over the search API `_lifecycle` built."""
     state = app[STATE]
     assert state.mcp is not None and state.search_api is not None
+    fetch = state.fetch_api
+    if fetch is not None and fetch.enabled:  # fetch_page beside web_search
+        state.mcp.fetch = FetchTool(fetch, state.clients)
     async with state.mcp.running(
         state.search_api, state.clients, state.config.server.max_body_bytes
     ):

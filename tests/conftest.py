@@ -44,6 +44,7 @@ TIER_OF_MODULE = {
     "test_fakevendor": "integration",
     "test_fetch_api": "integration",
     "test_direct_fetch": "integration",
+    "test_mcp_fetch": "integration",
     "test_hostile_config": "e2e",
     "test_upstream": "integration",
     "test_redis_recovery": "integration",
