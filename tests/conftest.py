@@ -43,6 +43,7 @@ TIER_OF_MODULE = {
     "test_fakemcp": "integration",
     "test_fakevendor": "integration",
     "test_fetch_api": "integration",
+    "test_fetch_pages": "unit",
     "test_direct_fetch": "integration",
     "test_mcp_fetch": "integration",
     "test_hostile_config": "e2e",
