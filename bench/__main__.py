@@ -21,6 +21,7 @@ from bench import (
     burst,
     core,
     failover,
+    fetch,
     hedge,
     hostile,
     mcp,
@@ -47,6 +48,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "recovery": recovery.run,
     "mcp": mcp.run,
     "mcproute": mcproute.run,
+    "fetch": fetch.run,
 }
 
 
