@@ -4,6 +4,10 @@ page cache shared by callers and standing in stale, the answer's shape and its l
 
 from __future__ import annotations
 
+import json
+import re
+from dataclasses import fields
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -11,6 +15,8 @@ from openapi_spec_validator import validate as validate_spec
 
 from policies.core.clock import ManualClock
 from proxy.config import ConfigErrors, as_document, parse_config
+from proxy.config.fetch import DirectFetchConfig, FetchApiConfig, PageCacheConfig
+from proxy.fetch_api import parse_request
 from testkit.fakevendor import FakeVendor, make_page
 from tests.conftest import route
 from tests.test_search_api import _validator
@@ -19,6 +25,7 @@ A = "https://example.com/articles/token-buckets"
 B = "https://docs.example.org/guide?section=limits"
 C = "https://blog.example.net/2025/03/breakers"
 NO_RETRY = {"attempts": 1}
+README = Path(__file__).resolve().parent.parent / "README.md"
 
 
 def routes(url: str) -> dict[str, Any]:
@@ -334,3 +341,20 @@ def test_bad_fetch_api_config_names_the_yaml_path(
         parse_config(raw, {})
     found = [(e.path, e.reason) for e in caught.value.errors]
     assert any(p == path and reason in r for p, r in found), found
+
+
+def test_the_readme_documents_every_fetch_api_key_and_its_example_is_valid() -> None:
+    text = README.read_text(encoding="utf-8")
+    start = text.index("### `fetch_api` (`POST /v1/fetch`)")
+    section = text[start : text.index("## MCP: the proxy's own /mcp server")]
+    first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
+    documented = {name for cell in first_cells for name in re.findall(r"`([^`]+)`", cell)}
+    keys = {f.name for f in fields(FetchApiConfig)} - {"cache", "direct"}
+    keys |= {f"cache.{f.name}" for f in fields(PageCacheConfig)}
+    keys |= {f"direct.{f.name}" for f in fields(DirectFetchConfig)}
+    missing = keys - documented
+    assert not missing, f"README's fetch_api sections leave out: {sorted(missing)}"
+    example = re.search(r"curl -s localhost:8080/v1/fetch -d '(.*?)'", section, re.DOTALL)
+    assert example is not None
+    call = parse_request(json.loads(example.group(1)), FetchApiConfig(providers=("tavily",)))
+    assert call.call.format == "markdown" and call.max_chars == 8000
