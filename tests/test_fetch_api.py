@@ -208,6 +208,9 @@ async def test_a_stale_page_stands_in_when_every_provider_fails(
     [page] = stale["results"]
     assert page["from_cache"] is True and page["content"] == first["results"][0]["content"]
     assert stale["failed"] == []
+    metrics = await (await client.get("/metrics")).text()
+    assert 'search_proxy_cache_total{result="stale",route="/v1/fetch"} 1.0' in metrics
+    assert 'search_proxy_fetch_pages_total{outcome="stale",provider="tavily"} 1.0' in metrics
     clock.advance(3600)  # past stale_ttl too: nothing stands in
     gone = await fetch(client, urls=[A])
     assert gone["results"] == [] and gone["failed"][0]["error"]["type"] == "providers_unavailable"

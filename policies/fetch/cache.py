@@ -73,6 +73,10 @@ class PageCache:
         self.events.cache(LABEL, "miss")
         return Cached(stale=page) if state is not Freshness.EXPIRED else Cached()
 
+    def stood_in(self) -> None:
+        """A stale page answered for a URL every provider failed on."""
+        self.events.cache(LABEL, "stale")
+
     async def put(self, page: Page, fmt: PageFormat) -> None:
         """Keep `page`, fetched for format `fmt`, unless it is over max_entry_bytes."""
         body = orjson.dumps(

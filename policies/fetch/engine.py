@@ -89,8 +89,9 @@ class FetchEngine:
                     await self.cache.put(page, call.format)
             pending = [url for url in pending if url not in out.pages]
         for url in pending:
-            if url in stale:
+            if url in stale and self.cache is not None:
                 out.pages[url] = replace(stale[url], stale=True)
+                self.cache.stood_in()
         return out
 
     async def _read(

@@ -61,7 +61,7 @@ class PageCacheConfig:
     stale_ttl: float = 86400.0
     max_entry_bytes: int = 1024 * 1024
     max_entries: int = 5000
-    max_bytes: int = 64 * 1024 * 1024
+    max_bytes: int = 32 * 1024 * 1024  # as a route cache's
 
 
 @dataclass(frozen=True)
