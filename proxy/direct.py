@@ -1,19 +1,5 @@
-"""The direct fetcher: the proxy reading a page itself, without becoming a way into the network
-it runs in (server-side request forgery).
-
-- Every address is checked where it is connected to: a resolver of our own refuses a name any
-  of whose addresses is not public (`AddressRules`), so a name that answers a public address
-  to one lookup and a private one to the next (DNS rebinding) is refused at the lookup that
-  counts; and the socket for each connection is made only after its address passes the same
-  rules (literal IPs never reach a resolver). No DNS cache, no kept-alive connections.
-- Literal IP hosts are checked before anything is sent, and legacy spellings (`0x7f000001`,
-  `2130706433`, `0177.0.0.1`) are refused outright; only http(s) on `ports`.
-- Redirects are followed by hand, at most `max_redirects`, each hop checked as the first.
-- No credentials: a session of its own (no cookie jar, no proxy or .netrc from the
-  environment), only our own headers, and URLs with user:password@ are refused.
-- Bounded: `timeout` for a page (DNS, redirects and body), `max_bytes` of body after
-  decompression, `max_parallel` pages at once, text/html, text/plain and the like only.
-"""
+"""The direct fetcher: the proxy reading a page itself without becoming a way into the network
+it runs in (server-side request forgery); the rules are DirectReader's."""
 
 from __future__ import annotations
 
@@ -94,7 +80,22 @@ def address_rules(config: DirectFetchConfig) -> AddressRules:
 
 class DirectReader:
     """The `direct` provider: one page a call, fetched and turned into text here. `start()`
-    opens its session (in the app's lifecycle), `close()` ends it."""
+    opens its session (in the app's lifecycle), `close()` ends it.
+
+    - Every address is checked where it is connected to: a resolver of our own refuses a name
+      any of whose addresses is not public (`AddressRules`), so a name that answers a public
+      address to one lookup and a private one to the next (DNS rebinding) is refused at the
+      lookup that counts; and the socket of each connection is made only after its address
+      passes the same rules (literal IPs never reach a resolver). No DNS cache, no kept-alive
+      connections.
+    - Literal IP hosts are checked before anything is sent, and legacy spellings
+      (`0x7f000001`, `2130706433`, `0177.0.0.1`) are refused outright; only http(s) on `ports`.
+    - Redirects are followed by hand, at most `max_redirects`, each hop checked as the first.
+    - No credentials: a session of its own (no cookie jar, no proxy or .netrc from the
+      environment), only our own headers, and URLs with user:password@ are refused.
+    - Bounded: `timeout` for a page (DNS, redirects and body), `max_bytes` of body after
+      decompression, `max_parallel` pages at once, text/html, text/plain and the like only.
+    """
 
     name = DIRECT
     batch = 1

@@ -1,12 +1,5 @@
 """`POST /v1/fetch`: the pages an agent chose, read through the vendors' extract APIs (Tavily
-extract, Exa contents, Firecrawl scrape, Jina reader) and the proxy's own fetcher, in one shape.
-
-Each URL goes to the providers in `fetch_api.providers` order until one reads it; a vendor is
-asked through its own route (breaker, limiter, retries, hedging, key), several URLs a call
-where it takes a batch. Pages are cached by canonical URL and format for every caller. The
-answer lists every URL asked, in `results` or in `failed`, each failure with what each provider
-said. `GET /openapi.json` describes it.
-"""
+extract, Exa contents, Firecrawl scrape, Jina reader) and the direct fetcher, in one shape."""
 
 from __future__ import annotations
 
@@ -133,7 +126,14 @@ def parse_request(body: Any, config: FetchApiConfig, endpoint: str = "/v1/fetch"
 
 class FetchApi:
     """Reads pages for /v1/fetch and the MCP fetch_page tool; owned by the app, built at
-    start-up over the routes (and the direct fetcher, when enabled)."""
+    start-up over the routes (and the direct fetcher, when enabled).
+
+    Each URL goes to the providers in `fetch_api.providers` order until one reads it; a vendor
+    is asked through its own route (breaker, limiter, retries, hedging, key), several URLs a
+    call where it takes a batch. Pages are cached by canonical URL and format for every caller.
+    The answer lists every URL asked, in `results` or in `failed`, each failure with what each
+    provider said. `GET /openapi.json` describes it.
+    """
 
     def __init__(
         self,

@@ -1,7 +1,6 @@
-"""The MCP server's `fetch_page` tool, beside `web_search`: the pages an agent chose, read by
-/v1/fetch's code (`FetchApi.answer`: providers in order with failover per URL, the page cache,
-the direct fetcher when enabled). Its result is text an LLM reads (each page under its title,
-then what could not be read and why) and, as `structuredContent`, /v1/fetch's answer."""
+"""The MCP server's `fetch_page` tool, beside `web_search`: /v1/fetch's code (`FetchApi.answer`),
+its answer as text an LLM reads (each page under its title, then what could not be read and
+why) and, as `structuredContent`, /v1/fetch's answer."""
 
 from __future__ import annotations
 

@@ -361,3 +361,15 @@ def test_the_readme_documents_every_fetch_api_key_and_its_example_is_valid() -> 
     assert example is not None
     call = parse_request(json.loads(example.group(1)), FetchApiConfig(providers=("tavily",)))
     assert call.call.format == "markdown" and call.max_chars == 8000
+
+
+async def test_two_replicas_share_the_page_cache_through_redis(
+    vendor: FakeVendor, start_proxy: Any, redis_server: Any
+) -> None:
+    raw = fetching(vendor.url, "tavily")
+    raw["redis"] = {"url": redis_server.url, "key_prefix": "fetch-test"}
+    one, two = await start_proxy(raw), await start_proxy(raw)
+    await fetch(one, urls=[A])
+    again = await fetch(two, urls=[A])
+    assert again["results"][0]["from_cache"] is True
+    assert len(extracts(vendor, "/tavily/extract")) == 1

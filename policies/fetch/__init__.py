@@ -1,7 +1,6 @@
-"""Reading the pages an agent chose (/v1/fetch, the MCP fetch_page tool): providers in order
-with failover per URL (`engine`), each a vendor's extract API through its route or the direct
-fetcher (`readers`), a page cache shared by every caller (`cache`), the URLs accepted and the
-answer's parts (`pages`), and where the direct fetcher may connect (`addresses`)."""
+"""Reading the pages an agent chose (/v1/fetch, MCP fetch_page): providers in order with failover
+per URL (`engine`) through `readers`, a page cache shared by every caller (`cache`), the URLs
+accepted (`pages`), and where the direct fetcher may connect (`addresses`)."""
 
 from policies.fetch.addresses import AddressRules, address_kind, parse_networks
 from policies.fetch.cache import LABEL, Cached, PageCache, page_key

@@ -1,7 +1,6 @@
-"""The page cache: one entry per canonical URL and format, shared by every caller (a page is the
-same whoever asks), fresh for its ttl, then stale for stale_ttl, served only when every provider
-fails. Built from the route cache's parts: its entry, freshness rule and stores (in-process,
-Redis, both)."""
+"""The page cache: one entry per canonical URL and format, shared by every caller, fresh for its
+ttl, then stale for stale_ttl (served only when every provider fails); built from the route
+cache's parts (its entry, freshness rule and stores: in-process, Redis, both)."""
 
 from __future__ import annotations
 
