@@ -1,9 +1,9 @@
 """The aiohttp application: reserved endpoints, and the one handler every proxied request takes.
 
 Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz, /metrics,
-/v1/search, /openapi.json, and the MCP server at mcp_server.path (/mcp); /admin/... only says
-where the admin listener is (`build_admin_app`). Config refuses route prefixes that collide with
-them.
+/v1/search, /v1/fetch, /openapi.json, and the MCP server at mcp_server.path (/mcp); /admin/...
+only says where the admin listener is (`build_admin_app`). Config refuses route prefixes that
+collide with them.
 """
 
 from __future__ import annotations
@@ -13,6 +13,7 @@ import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
+import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -30,9 +31,12 @@ from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate, keyless_routes
 from proxy.config import Config
 from proxy.dialects import error_response
+from proxy.direct import DirectHooks, DirectReader
 from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
+from proxy.fetch_api import FetchApi, FetchTrace
 from proxy.forward import request_headers
+from proxy.mcp_fetch import FetchTool
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, build_route
@@ -50,6 +54,7 @@ REFUSED_METHODS = frozenset({"CONNECT", "TRACE", "TRACK"})
 ROUTE_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 # The route label /v1/search is counted under in the request metrics (/mcp: its path).
 SEARCH_LABEL = "/v1/search"
+FETCH_LABEL = "/v1/fetch"
 
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
@@ -228,6 +233,33 @@ async def search_endpoint(request: web.Request, ex: Exchange) -> web.StreamRespo
     return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
 
 
+async def fetch_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
+    """POST /v1/fetch: pages by URL across the fetch providers; its access line names the
+    providers asked, the vendor calls made (`attempts`) and the pages answered."""
+    state = request.app[STATE]
+    ex.count_as(state.endpoint_metrics[FETCH_LABEL])
+    trace = FetchTrace()
+    ex.fields = lambda: {
+        "urls": trace.urls,
+        "providers": trace.providers or None,
+        "attempts": trace.calls,
+        "pages": trace.pages,
+        "cached": trace.cached or None,
+    }
+    if request.method != "POST":
+        raise MethodNotAllowed(
+            f"{request.method} /v1/fetch is not supported: send POST with a JSON body like "
+            '{"urls": ["https://example.com/page"]}',
+            route="fetch",
+            headers={"Allow": "POST"},
+        )
+    api = state.fetch_api
+    assert api is not None  # built at start-up, before the first request
+    gate = state.clients  # with clients: a known token as `Authorization: Bearer`
+    caller = await gate.admit(None, request.headers, "") if gate else None
+    return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
+
+
 async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
     """The proxy's own MCP server at mcp_server.path (proxy/mcp_server.py): its access rule
     first, then the body, bounded like every request's. The access line names the JSON-RPC
@@ -256,10 +288,9 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
 
 
 async def openapi_endpoint(request: web.Request) -> web.Response:
-    """GET /openapi.json: the OpenAPI 3.1 document of /v1/search, with this config's limits."""
-    api = request.app[STATE].search_api
-    assert api is not None  # built at start-up, before the first request
-    return await api.openapi(request)
+    """GET /openapi.json: the OpenAPI 3.1 document of /v1/search and /v1/fetch, with this
+    config's limits (built at start-up)."""
+    return web.Response(body=request.app[STATE].openapi_json, content_type="application/json")
 
 
 async def admin_endpoint(request: web.Request) -> web.Response:
@@ -342,10 +373,18 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     state.routes = deps.routes
     state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
     state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
+    direct = None
+    if state.config.fetch_api.direct.enabled:
+        direct = DirectReader(state.config.fetch_api.direct, state.clock, state.direct_hooks)
+        await direct.start()
+    state.fetch_api = FetchApi(
+        state.config, state.routes, state.metrics, state.clock, state.redis, direct
+    )
+    document = state.fetch_api.describe(state.search_api.document)
+    state.openapi_json = orjson.dumps(document, option=orjson.OPT_INDENT_2)
     state.admin = Admin(state.routes, admin_token(state.config.server))
-    state.endpoint_metrics = {
-        label: state.metrics.route(label) for label in (SEARCH_LABEL, state.config.mcp_server.path)
-    }
+    labels = (SEARCH_LABEL, FETCH_LABEL, state.config.mcp_server.path)
+    state.endpoint_metrics = {label: state.metrics.route(label) for label in labels}
     _identify_clients(state)
     for route in state.routes.values():
         if route.breaker is not None:
@@ -356,6 +395,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         for route in state.routes.values():
             if route.breaker is not None:
                 await route.breaker.stop()
+        if direct is not None:
+            await direct.close()
         await state.session.close()
         if state.redis is not None:
             await state.redis.close()
@@ -388,9 +429,14 @@ def _identify_clients(state: ProxyState) -> None:
 
 
 def build_app(
-    config: Config, *, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None
+    config: Config,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    metrics: Metrics | None = None,
+    direct_hooks: DirectHooks | None = None,
 ) -> web.Application:
-    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner)."""
+    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner);
+    `direct_hooks` replace the direct fetcher's DNS and watch its connects (tests)."""
     # Bodies are bounded by our own check so the agent gets the JSON 413, not aiohttp's text one;
     # the +1 lets aiohttp's own limit sit just past ours.
     app = web.Application(
@@ -403,6 +449,7 @@ def build_app(
         # The access line is skipped outright, not built and filtered, below level info.
         log_requests=logging.getLevelNamesMapping()[config.log.level.upper()] <= logging.INFO,
         mcp=McpEndpoint(config.mcp_server),
+        direct_hooks=direct_hooks,
     )
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes
@@ -410,6 +457,7 @@ def build_app(
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_route("*", "/v1/search", enveloped(search_endpoint, "search"))
+    app.router.add_route("*", "/v1/fetch", enveloped(fetch_endpoint, "fetch"))
     app.router.add_get("/openapi.json", openapi_endpoint)
     app.router.add_route("*", "/admin", admin_elsewhere)
     app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
@@ -435,6 +483,9 @@ async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Run the MCP server (proxy/mcp_server.py) over the search API `_lifecycle` built."""
     state = app[STATE]
     assert state.mcp is not None and state.search_api is not None
+    fetch = state.fetch_api
+    if fetch is not None and fetch.enabled:  # fetch_page beside web_search
+        state.mcp.fetch = FetchTool(fetch, state.clients)
     async with state.mcp.running(
         state.search_api, state.clients, state.config.server.max_body_bytes
     ):

@@ -45,6 +45,7 @@ from proxy.clients import Caller, ClientGate, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, InternalError, MethodNotAllowed, NotFound
 from proxy.forward import HOP_BY_HOP
+from proxy.mcp_fetch import FetchTool
 from proxy.search_api import SearchApi, SearchTrace
 
 log = structlog.get_logger("search_proxy")
@@ -431,6 +432,7 @@ class McpEndpoint:
         self.api: SearchApi | None = None
         self.clients: ClientGate | None = None
         self.tool: types.Tool | None = None
+        self.fetch: FetchTool | None = None  # fetch_page (proxy/mcp_fetch.py); set by the app
         self.server: Server[Any, Any] = Server(
             "search-proxy", version=__version__, instructions=INSTRUCTIONS
         )
@@ -536,7 +538,8 @@ class McpEndpoint:
 
     async def _list_tools(self, req: types.ListToolsRequest) -> types.ServerResult:
         assert self.tool is not None  # set before the manager runs
-        return types.ServerResult(types.ListToolsResult(tools=[self.tool]))
+        more = [self.fetch.definition] if self.fetch is not None else []
+        return types.ServerResult(types.ListToolsResult(tools=[self.tool, *more]))
 
     async def _call_tool(self, req: types.CallToolRequest) -> types.ServerResult:
         """web_search: the answer /v1/search gives, as text and as structuredContent; any
@@ -547,10 +550,14 @@ class McpEndpoint:
         context: _ToolContext = request.scope[SCOPE_KEY]
         trace = context.trace
         trace.tool = req.params.name
+        if self.fetch is not None and req.params.name == self.fetch.name:
+            arguments = req.params.arguments or {}
+            return await self.fetch.call(arguments, context.request_id, context.client, trace)
         if req.params.name != TOOL_NAME:
             trace.error = "unknown_tool"
+            tools = ", ".join([TOOL_NAME] + ([self.fetch.name] if self.fetch else []))
             return _error_result(
-                f"there is no tool {req.params.name!r} here: this server has one tool, {TOOL_NAME}"
+                f"there is no tool {req.params.name!r} here: its tools are {tools}"
             )
         api = self.api
         assert api is not None  # set before the manager runs

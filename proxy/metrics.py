@@ -242,6 +242,15 @@ class Metrics:
             ["provider", "outcome"],
             registry=r,
         )
+        self.fetch_pages = Counter(
+            "search_proxy_fetch_pages",
+            "Pages asked of /v1/fetch (and fetch_page), per provider: fetched, cached (the page "
+            "cache answered), stale (the cache stood in for a failure); or per provider that did "
+            "not give one: failed (it could not read the page), unavailable (down, skipped, out "
+            "of calls), refused (the direct fetcher refused the address).",
+            ["provider", "outcome"],
+            registry=r,
+        )
         self.failovers = Counter(
             "search_proxy_failovers",
             "Fallback providers asked for a failed search route, by result (answered, empty, "

@@ -67,9 +67,11 @@ class Deps:
     shared: dict[str, Any] = field(default_factory=dict)
 
 
-def as_provider(route: Route, clock: Clock) -> Provider:
-    """A route with a search section, as a provider of failover, hedging and /v1/search."""
-    assert route.profile is not None  # config only accepts routes with a search section
+def as_provider(route: Route, clock: Clock, profile: VendorProfile | None = None) -> Provider:
+    """A route with a search section, as a provider of failover, hedging and /v1/search; or
+    any route as `profile`'s vendor (a /v1/fetch provider reaching that vendor's extract API)."""
+    profile = profile or route.profile
+    assert profile is not None  # config only accepts routes with a search section
     breaker = route.breaker
 
     def circuit_open() -> float | None:
@@ -79,7 +81,7 @@ def as_provider(route: Route, clock: Clock) -> Provider:
 
     return Provider(
         name=route.name,
-        profile=route.profile,
+        profile=profile,
         handler=route.handler,
         classify=route.classify,
         headers=route.set_headers,

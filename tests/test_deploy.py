@@ -901,8 +901,9 @@ def memory_bytes(quantity: str) -> int:
 def test_worst_case_cache_memory_fits_each_proxy_containers_memory_limit(
     builds: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    """Every cached route may fill its in-process LRU to `cache.max_bytes`; all of them together,
-    plus the proxy itself, must stay under the container's limit, or the kernel kills it."""
+    """Every cached route may fill its in-process LRU to `cache.max_bytes`, and /v1/fetch's page
+    cache to `fetch_api.cache.max_bytes`; all of them together, plus the proxy itself, must stay
+    under the container's limit, or the kernel kills it."""
     for name, docs in builds.items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(find(docs, "ConfigMap")[0]["data"]["config.yaml"])
@@ -910,6 +911,8 @@ def test_worst_case_cache_memory_fits_each_proxy_containers_memory_limit(
         caches = {
             r.name: r.section("cache").max_bytes for r in config.routes.values() if r.has("cache")
         }
+        if config.fetch_api.providers and config.fetch_api.cache.enabled:  # the page cache
+            caches["fetch_api"] = config.fetch_api.cache.max_bytes
         assert caches, f"{name}: no cached routes: this check would prove nothing"
         for _, pod in pod_specs(docs):
             for container in proxy_containers(pod):

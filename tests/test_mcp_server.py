@@ -126,7 +126,7 @@ async def test_initialize_and_list_tools_show_web_search_with_its_schemas(proxy:
         assert init.serverInfo.name == "search-proxy"
         assert init.capabilities.tools is not None
         tools = (await mcp.list_tools()).tools
-    assert [t.name for t in tools] == [TOOL_NAME]
+    assert [t.name for t in tools] == [TOOL_NAME, "fetch_page"]  # fetch_page: tavily extracts
     tool = tools[0]
     schema = tool.inputSchema
     assert schema["required"] == ["query"] and schema["additionalProperties"] is False
@@ -252,10 +252,10 @@ async def test_optional_arguments_sent_as_null_count_as_not_sent(
 
 async def test_an_unknown_tool_is_a_tool_error(proxy: Any) -> None:
     async with session(mcp_url(proxy)) as mcp:
-        result = await mcp.call_tool("fetch_page", {"url": "https://example.com"})
+        result = await mcp.call_tool("book_flight", {"to": "Lisbon"})
     assert result.isError is True
-    assert text_of(result) == "there is no tool 'fetch_page' here: this server has one tool, " + (
-        "web_search"
+    assert text_of(result) == (
+        "there is no tool 'book_flight' here: its tools are web_search, fetch_page"
     )
 
 
@@ -491,7 +491,7 @@ async def test_with_clients_a_known_token_is_required_and_names_the_caller(
             tools = await mcp.list_tools()  # initialize and list_tools spend no quota
             first = await mcp.call_tool(TOOL_NAME, {"query": QUERY})
             second = await mcp.call_tool(TOOL_NAME, {"query": QUERY})
-    assert [t.name for t in tools.tools] == [TOOL_NAME]
+    assert [t.name for t in tools.tools] == [TOOL_NAME, "fetch_page"]
     assert first.isError is False
     assert second.isError is True
     assert text_of(second).startswith("client 'agent' has used its daily quota of 1 requests")

@@ -16,6 +16,7 @@ from policies.core.route import RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
 from policies.vendors.custom import parse_profile
+from proxy.config.fetch import FetchApiConfig, fetch_api_config, parse_fetch_api
 from proxy.config.loading import interpolate_into, read_document
 from proxy.config.routes import check_routes, parse_route, route_config
 from proxy.config.sections import (
@@ -42,6 +43,7 @@ TOP_LEVEL_KEYS = (
     "profiles",
     "clients",
     "mcp_server",
+    "fetch_api",
 )
 _SECTION_PARSERS: dict[str, Parser] = {
     "server": parse_server,
@@ -50,6 +52,7 @@ _SECTION_PARSERS: dict[str, Parser] = {
     "search_api": parse_search_api,
     "clients": parse_clients,
     "mcp_server": parse_mcp_server,
+    "fetch_api": parse_fetch_api,
 }
 
 
@@ -140,6 +143,17 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         )
         collect.errors += problems
 
+    fetch_api = FetchApiConfig()
+    if "fetch_api" not in data or "fetch_api" in sections:  # a broken section has its errors
+        written = data.get("fetch_api")
+        fetch_api, problems = fetch_api_config(
+            sections.get("fetch_api", fetch_api),
+            written if isinstance(written, dict) else {},
+            routes,
+            profiles,
+        )
+        collect.errors += problems
+
     # A value whose variable is unset is reported once, as unset, not also as malformed.
     found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
     if found:
@@ -153,4 +167,5 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         profiles=MappingProxyType(profiles),
         clients=sections.get("clients", MappingProxyType({})),
         mcp_server=mcp_server,
+        fetch_api=fetch_api,
     )

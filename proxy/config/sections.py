@@ -40,6 +40,7 @@ from policies.core.settings import (
     texts,
     whole_in,
 )
+from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
 from proxy.redact import redact_url
 
@@ -121,6 +122,7 @@ class Config:
     # Empty: callers are not identified (any credential passes through to the vendor).
     clients: Mapping[str, ClientConfig] = field(default_factory=lambda: MappingProxyType({}))
     mcp_server: McpServerConfig = McpServerConfig()
+    fetch_api: FetchApiConfig = field(default_factory=FetchApiConfig)
 
 
 def parse_server(raw: Any, path: str) -> ServerConfig:

@@ -23,6 +23,10 @@ jina       POST|GET /jina/, GET /jina/<query>  (POST /)         data[] url/title
 firecrawl  POST /firecrawl/v2/search  (POST /v2/search)         data.web[] url/title/desc.
 =========  ===================================================  ==============================
 
+The extract APIs (Tavily /extract, Exa /contents, Firecrawl /v2/scrape, Jina's reader at
+``/jina-reader/``) answer ``make_page(url)`` for each URL asked, in each vendor's shape; a URL
+``vendor.fail_page(url, *vendors)`` names fails at those vendors only (module ``pages``).
+
 Bare ``/search`` is decided by what the request carries, first match wins:
 
 1. GET: ``engine`` or ``api_key`` in the query string -> serpapi; ``apiKey`` -> serper;
@@ -54,6 +58,7 @@ Modules: ``vendors`` (results, each vendor's bodies, which vendor a request is f
 
 from testkit.fakevendor.app import Clock, FakeVendor, RealClock
 from testkit.fakevendor.faults import Fault, Pause, Received
+from testkit.fakevendor.pages import EXTRACT_VENDORS, FakePage, make_page
 from testkit.fakevendor.serve import FakeVendorProcess, FakeVendorServer, ThreadedFakeVendor
 from testkit.fakevendor.vendors import (
     VENDORS,
@@ -64,8 +69,10 @@ from testkit.fakevendor.vendors import (
 )
 
 __all__ = [
+    "EXTRACT_VENDORS",
     "VENDORS",
     "Clock",
+    "FakePage",
     "FakeResult",
     "FakeVendor",
     "FakeVendorProcess",
@@ -76,6 +83,7 @@ __all__ = [
     "Received",
     "ThreadedFakeVendor",
     "expected_urls",
+    "make_page",
     "make_results",
     "slugify",
 ]

@@ -22,6 +22,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from testkit.fakevendor.faults import Fault, Pause, Received
+from testkit.fakevendor.pages import extract_answer
 from testkit.fakevendor.serve import FakeVendorServer, ThreadedFakeVendor
 from testkit.fakevendor.vendors import (
     BUILDERS,
@@ -108,6 +109,8 @@ class FakeVendor:
         self._malformed_ratio = 0.0
         self._empty_words: int | None = None
         self._down: Fault | None = None
+        self._down_paths: dict[str, Fault] = {}
+        self._failing_pages: dict[str, frozenset[str] | None] = {}
         self._rate: int | None = None
         self._rate_window: deque[float] = deque()
         self._latency = (0.0, 0.0, 0.0)
@@ -159,13 +162,24 @@ class FakeVendor:
         self._empty_words = words
         return self
 
-    def down(self, status: int = 503) -> FakeVendor:
-        """Every request gets ``status`` until ``up()``."""
-        self._down = Fault.status(status)
+    def down(self, status: int = 503, path_prefix: str | None = None) -> FakeVendor:
+        """Every request (with ``path_prefix``: every one whose path starts with it) gets
+        ``status`` until ``up()``."""
+        if path_prefix is None:
+            self._down = Fault.status(status)
+        else:
+            self._down_paths[path_prefix] = Fault.status(status)
         return self
 
     def up(self) -> FakeVendor:
         self._down = None
+        self._down_paths.clear()
+        return self
+
+    def fail_page(self, url: str, *vendors: str) -> FakeVendor:
+        """The extract APIs of ``vendors`` (all, when none is named) cannot read ``url``: each
+        says so in its own shape (pages.py), the other URLs of a batch still read."""
+        self._failing_pages[url] = frozenset(vendors) if vendors else None
         return self
 
     def rate_limit(self, per_second: int | None) -> FakeVendor:
@@ -343,6 +357,15 @@ class FakeVendor:
         r.add_get("/jina/", search("jina"))
         r.add_get("/jina/{query:.+}", search("jina"))
         r.add_post("/firecrawl/v2/search", search("firecrawl"))
+        # extract APIs (pages.py)
+        for vendor, paths in (
+            ("tavily", ("/extract", "/tavily/extract")),
+            ("exa", ("/contents", "/exa/contents")),
+            ("firecrawl", ("/v2/scrape", "/firecrawl/v2/scrape")),
+            ("jina-reader", ("/jina-reader/",)),
+        ):
+            for path in paths:
+                r.add_post(path, self._extract_handler(vendor))
         # utility routes
         r.add_route("*", "/echo", self._echo)
         r.add_route("*", "/echo/{tail:.*}", self._echo)
@@ -396,6 +419,9 @@ class FakeVendor:
             return scripted
         if self._down is not None:
             return self._down
+        for prefix, fault in self._down_paths.items():
+            if rec.path.startswith(prefix):
+                return fault
         now = self.clock.now()
         if self._rate is not None:
             window = self._rate_window
@@ -565,6 +591,18 @@ class FakeVendor:
         if isinstance(payload, str):  # SearXNG without format=json answers HTML
             return status, payload, {"Content-Type": "text/html; charset=utf-8"}
         return status, payload, {}
+
+    def _extract_handler(self, vendor: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            rec = self._record(request, body, vendor)
+            resp, fault = await self._prelude(request, rec, self._decide(rec))
+            if resp is not None:
+                return resp
+            status, payload = extract_answer(vendor, json_or_none(body), self._failing_pages)
+            return self._respond(request, rec, fault, status, payload, {})
+
+        return handler
 
     def _serper_one(self, params: dict[str, Any], mode: str) -> dict[str, Any]:
         query = str(params.get("q", ""))
