@@ -360,6 +360,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     try:
         yield
     finally:
+        await app[RELOADER].close()  # first: a reload under way completes its swap
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)

@@ -169,6 +169,7 @@ class Reloader:
         self._tasks: set[asyncio.Task[ReloadReport]] = set()
         self.last: ReloadReport | None = None
         self.seen = state.config_hash  # the content last read, applied or not
+        self._closed = False
         self._settled: tuple[Any, ...] | None = self._signature()
 
     def request(self, trigger: str) -> None:
@@ -185,6 +186,8 @@ class Reloader:
     async def reload(self, trigger: str) -> ReloadReport:
         """Read, validate and apply the config file; the report says what happened."""
         async with self._lock:
+            if self._closed:  # shutting down: nothing to reload into
+                return ReloadReport("failed", trigger, "", errors=["the proxy is shutting down"])
             report = await self._reload(trigger)
             self.last = report
         self.state.metrics.config_reloads.labels(report.result).inc()
@@ -196,6 +199,15 @@ class Reloader:
         else:
             log.info("config_reload", **fields)
         return report
+
+    async def close(self) -> None:
+        """At shutdown: let a reload under way finish its swap, and refuse any after it."""
+        self._closed = True
+        async with self._lock:
+            pass
+        for task in list(self._tasks):
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
 
     async def _reload(self, trigger: str) -> ReloadReport:
         state = self.state

@@ -15,6 +15,7 @@ import yaml
 
 from policies.cache import MemoryStore
 from policies.core.clock import ManualClock
+from policies.core.kept import Kept
 from policies.ratelimit import RateLimit
 from proxy.app import STATE, build_admin_app, build_app
 from proxy.config import load_config, parse_config, read_config_file
@@ -374,3 +375,16 @@ def test_the_mcp_server_kept_where_it_is_must_fit_the_new_routes() -> None:
 def test_config_hash_is_the_files_sha256_prefix() -> None:
     assert config_hash(b"") == "e3b0c44298fc"  # sha256sum < /dev/null | cut -c1-12
     assert config_hash(b"routes: {}\n") != config_hash(b"routes: {} \n")
+
+
+def test_a_part_is_kept_only_while_its_inputs_compare_equal() -> None:
+    first = Kept()
+    breaker = first.take("a", "breaker", ("cfg", 1), object)
+    store = first.take("a", "store", "cfg", object)
+    gone = first.take("b", "store", "cfg", object)
+    second = Kept(first)
+    assert second.take("a", "breaker", ("cfg", 1), object) is breaker
+    assert second.take("a", "store", "changed", object) is not store
+    assert second.take("c", "store", "cfg", object) is not gone  # another route's is not shared
+    assert second.reused == {"a": ["breaker"]}
+    assert Kept(second).take("a", "breaker", ("cfg", 1), object) is breaker  # and on again

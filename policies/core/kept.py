@@ -32,7 +32,3 @@ class Kept:
             value = make()
         self._parts[key] = (inputs, value)
         return value
-
-    def parts(self) -> list[Any]:
-        """Every part this build holds."""
-        return [value for _, value in self._parts.values()]
