@@ -1,8 +1,6 @@
-"""Reloading the config while serving, as nginx does on SIGHUP: read it, validate it exactly as
-start-up does, build the new routes (each stateful part whose settings are unchanged is kept)
-and swap them in at once; requests in flight finish on the routes they started on. A config that
-does not validate changes nothing. Triggers: SIGHUP, POST /admin/reload, and a change of the
-file, polled through its symlinks (a Kubernetes ConfigMap update swaps a `..data` symlink)."""
+"""Reloading the config while serving (SIGHUP, POST /admin/reload, the file watch): validate it as
+start-up does, build the new routes keeping unchanged state, swap them in at once; requests in
+flight finish on their routes, and a config that does not validate changes nothing."""
 
 from __future__ import annotations
 

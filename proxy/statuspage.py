@@ -1,6 +1,5 @@
-"""The admin listener's status page (`GET /`) and its data (`GET /admin/status`): each route's
-rates, success, latency, breaker, limiter, cache, hedges and failovers, the providers of
-/v1/search and /mcp and why one is skipped, Redis, version and config. Nothing shown is a
+"""The admin listener's status page (`GET /`) and its data (`GET /admin/status`): routes, the
+/v1/search and /mcp endpoints and providers, Redis, version and config. Nothing shown is a
 secret: upstreams print redacted, errors are the proxy's own messages, redacted again."""
 
 from __future__ import annotations
