@@ -219,8 +219,7 @@ async def serve(
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    loop.remove_signal_handler(signal.SIGHUP)
+    await stop.wait()  # a SIGHUP while draining still reloads (never the default: exit)
     grace = app[STATE].config.server.shutdown_grace  # as the last reload left it
     deadline = loop.time() + grace
     log.info(

@@ -97,11 +97,11 @@ class Series:
             for reason in retry_reasons(retry):
                 m.retries.labels(name, reason)
         for policy in route.policies:
-            found |= _policy(m, name, route, policy)
+            found |= _policy(m, name, policy)
         return frozenset(found)
 
 
-def _policy(m: Metrics, name: str, route: Route, policy: object) -> set[str]:
+def _policy(m: Metrics, name: str, policy: object) -> set[str]:
     """Create the series one policy of a route reports; their families."""
     if isinstance(policy, Breaker):
         m.breaker_is(name, policy.state)
