@@ -151,7 +151,7 @@ async def test_twenty_reloads_under_ten_agents_fail_no_request(vendor: Any, tmp_
 
             failed = [s for s in statuses if s != 200]
             assert not failed, f"{len(failed)} of {len(statuses)} requests failed: {failed[:5]}"
-            assert len(statuses) > 500 and elapsed < RUN_S + 3
+            assert len(statuses) > 200 and elapsed < RUN_S + 5  # 11-15k on an idle machine
             assert [line["result"] for line in lines] == ["applied"] * RELOADS
             assert {line["trigger"] for line in lines} == {"signal", "admin", "watch"}
             assert lines[9]["routes"]["added"] == ["added"]
