@@ -5,6 +5,7 @@ and the route variable offers /v1/search and /mcp."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 import shutil
 import tempfile
@@ -109,8 +110,7 @@ async def test_every_dashboard_expression_has_a_series_right_after_start_up(
     proxies = [ProxyProcess(every_policy("http://127.0.0.1:9")), ProxyProcess(with_redis)]
     prom = None
     try:
-        for proxy in proxies:
-            proxy.start()
+        await asyncio.gather(*(asyncio.to_thread(proxy.start) for proxy in proxies))
         plain, shared = (f"127.0.0.1:{p.port}" for p in proxies)
         prom = Prometheus([plain, shared]).start()
         async with aiohttp.ClientSession() as session:
