@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import base64
 import hashlib
+import math
 import time
 from collections.abc import Iterable
 from typing import Any
@@ -92,7 +93,8 @@ def _limiter(route: Route) -> dict[str, Any] | None:
         "burst": limit.config.burst,
         "per_client": limit.config.key == "client",
         "tokens": None if tokens is None else round(max(tokens, 0.0), 1),
-        "queued": None if tokens is None else max(0, int(-tokens // 1)),
+        # A bucket below 0 holds tokens reserved by requests waiting for them.
+        "queued": None if tokens is None else max(0, math.ceil(-tokens)),
     }
 
 

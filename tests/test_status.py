@@ -4,6 +4,7 @@ shows, and the numbers derived from the sampled metrics (pure functions)."""
 
 from __future__ import annotations
 
+import asyncio
 import re
 from typing import Any
 
@@ -16,6 +17,7 @@ from proxy.status import Pulse, Tick, quantile
 from proxy.statushtml import PAGE, SCRIPT, STYLE
 from proxy.statuspage import CSP
 from testkit.fakevendor import Fault
+from testkit.waiting import eventually
 from tests.conftest import route
 
 KEY = "tvly-secret-key-0123456789"
@@ -198,3 +200,30 @@ def test_recorded_messages_hide_the_configured_secrets() -> None:
     assert len(pulse.recent()[0]["message"]) == 300
     pulse.follow(parse_config(raw, {}), [])  # the route is gone: so are its errors
     assert pulse.recent("t") == [] and len(pulse.recent()) == 2
+
+
+async def test_requests_waiting_for_tokens_show_as_queued(
+    vendor: Any, start_proxy: Any, admin_of: Any
+) -> None:
+    limited = route(vendor.url + "/tavily", "/tavily", rate_limit={"rate": "1/m", "burst": 1})
+    limited["timeouts"]["total"] = "5m"  # room to wait a minute or two for a token
+    client = await start_proxy({"routes": {"tavily": limited}})
+    admin = await admin_of(client)
+    waiting = [
+        asyncio.create_task(client.post("/tavily/search", json={"query": f"q{i}"}))
+        for i in range(3)
+    ]
+
+    async def limiter() -> dict[str, Any]:
+        (tavily,) = (await status(admin))["routes"]
+        found: dict[str, Any] = tavily["limiter"]
+        return found
+
+    async def two_queued() -> bool:
+        return bool((await limiter())["queued"] == 2)
+
+    await eventually(two_queued)  # one token: two requests wait a minute or two for theirs
+    assert vendor.count() == 1 and (await limiter())["tokens"] == 0
+    assert (await status(admin))["routes"][0]["colour"] == "warn"
+    for task in waiting:
+        task.cancel()
