@@ -221,6 +221,7 @@ class Reloader:
             return ReloadReport("unchanged", trigger, digest)
         try:
             new = load_config(state.config_path, data=data)
+            learn_secrets(secret_values(new))  # before any line could carry one of its secrets
             await check_startup(new)
             config = effective(state.config, new)
             assert state.session is not None  # the app is serving
@@ -235,11 +236,13 @@ class Reloader:
             )
         except ConfigError as exc:
             return ReloadReport("failed", trigger, digest, errors=_error_lines(exc))
+        except ValueError as exc:  # a constructor's refusal that check_startup did not meet
+            why = redact_text(f"the new routes cannot be built: {exc}")
+            return ReloadReport("failed", trigger, digest, errors=[why])
         report = ReloadReport(
             "applied", trigger, digest, changes(state.config, new), generation.kept.reused
         )
         await generation.start()
-        learn_secrets(secret_values(config))  # before any line could carry a new secret
         old = state.generation
         state.use(generation)
         state.config_hash = digest

@@ -19,6 +19,7 @@ from policies.core.kept import Kept
 from policies.ratelimit import RateLimit
 from proxy.app import STATE, build_admin_app, build_app
 from proxy.config import load_config, parse_config, read_config_file
+from proxy.logs import Redactor
 from proxy.reload import RELOADER, changes, config_hash, effective
 from testkit.fakevendor import Fault
 from tests.conftest import route
@@ -388,3 +389,10 @@ def test_a_part_is_kept_only_while_its_inputs_compare_equal() -> None:
     assert second.take("c", "store", "cfg", object) is not gone  # another route's is not shared
     assert second.reused == {"a": ["breaker"]}
     assert Kept(second).take("a", "breaker", ("cfg", 1), object) is breaker  # and on again
+
+
+def test_the_log_redactor_learns_a_reloaded_configs_secrets_and_keeps_the_old_ones() -> None:
+    redactor = Redactor(["old-secret-0123"])
+    redactor.learn(["new-secret-4567"])
+    line = redactor(None, "info", {"event": "x", "note": "old-secret-0123 / new-secret-4567"})
+    assert line["note"] == "<redacted> / <redacted>"
