@@ -135,6 +135,7 @@ def route_status(
     assert state.pulse is not None
     name = route.name
     numbers = state.pulse.numbers(name)
+    hit_pct = numbers.pop("cache_hit_pct")
     status: dict[str, Any] = {
         "name": name,
         "prefix": route.config.prefix,
@@ -145,7 +146,7 @@ def route_status(
         "missing_key": route.missing_key,
         "breaker": _breaker(route),
         "limiter": _limiter(route),
-        "cache": _cache(route, numbers.pop("cache_hit_pct")),
+        "cache": _cache(route, hit_pct),
         "hedges": hedges.get(name) if _first(route.policies, Hedge) else None,
         "failovers": failovers.get(name) if route.config.has("fallback") else None,
         "last_errors": state.pulse.recent(name),
