@@ -9,7 +9,7 @@ TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
 TIER   ?=
 
-.PHONY: run test lint format bench venv redis-server deploy-tools check-config clean
+.PHONY: run test lint format bench venv redis-server deploy-tools browser check-config clean
 
 # `make run PORT=9000 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST and PORT override the
 # config's server section. `:=` ignores a PORT or HOST in the environment; the command line wins.
@@ -18,8 +18,10 @@ PORT :=
 run: $(RUN_STAMP)
 	$(BIN)/search-proxy --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
 
-# Only the deploy tier (or the whole suite) needs promtool and docker-compose.
-test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools)
+# Only the deploy tier (or the whole suite) needs promtool, prometheus and docker-compose; only
+# the e2e tier (or the whole suite) a browser.
+test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools) \
+		$(if $(filter-out e2e,$(TIER)),,browser)
 	$(BIN)/pytest -q $(if $(TIER),-m $(TIER)) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
@@ -73,10 +75,16 @@ redis-server:
 	@sh scripts/ensure-package.sh redis-cli redis-tools
 	@sh scripts/ensure-package.sh openssl openssl
 
-# promtool checks the alert rules; docker-compose checks the compose file (no engine needed).
+# promtool checks the alert rules and prometheus runs the dashboard's queries (one Debian
+# package); docker-compose checks the compose file (no engine needed).
 deploy-tools:
 	@sh scripts/ensure-package.sh promtool prometheus
+	@sh scripts/ensure-package.sh prometheus prometheus
 	@sh scripts/ensure-package.sh docker-compose docker-compose
+
+# tests/test_status_page.py opens the admin listener's status page in a headless Chromium.
+browser:
+	@sh scripts/ensure-package.sh chromium chromium
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -8,41 +8,40 @@ collide with them.
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import AsyncIterator
 
 import aiohttp
-import orjson
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from policies import ratelimit
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError
 from policies.core.flow import Flow
 from policies.core.redislink import RedisLink
-from policies.quota import DailyQuota, quota_store
-from proxy.admin import Admin, admin_token
-from proxy.clients import ClientGate, keyless_routes
+from proxy import __version__
 from proxy.config import Config
 from proxy.dialects import error_response
-from proxy.direct import DirectHooks, DirectReader
+from proxy.direct import DirectHooks
 from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
-from proxy.fetch_api import FetchApi, FetchTrace
+from proxy.fetch_api import FetchTrace
 from proxy.forward import request_headers
-from proxy.mcp_fetch import FetchTool
+from proxy.generation import build_generation
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
-from proxy.pipeline import Deps, build_route
-from proxy.routing import Router
-from proxy.search_api import SearchApi, SearchTrace
+from proxy.reload import RELOADER, Reloader, reload_endpoint
+from proxy.search_api import SearchTrace
+from proxy.series import Series
 from proxy.state import STATE, ProxyState
+from proxy.status import Pulse
+from proxy.statuspage import status_endpoint, status_page
 
 __all__ = ["STATE", "build_admin_app", "build_app", "client_identity"]
 
@@ -344,7 +343,8 @@ async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Own the pooled session, the Redis link and the routes' background tasks."""
+    """Own the pooled session, the Redis link, the serving generation (its routes and their
+    background tasks), the status sampler and the config watch."""
     state = app[STATE]
     server = state.config.server
     connector = aiohttp.TCPConnector(
@@ -361,71 +361,45 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent",),
     )
+    metrics = state.metrics
+    metrics.redis_is_configured(state.config.redis is not None)
     if state.config.redis is not None:
         rc = state.config.redis
         state.redis = RedisLink(
-            rc, rc.key_prefix, timeout=rc.timeout, events=state.metrics, clock=state.clock
+            rc, rc.key_prefix, timeout=rc.timeout, events=metrics, clock=state.clock
         )
-        state.metrics.redis_up.set(1)
-    deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)
-    for name, cfg in state.config.routes.items():
-        deps.routes[name] = build_route(cfg, deps)
-    state.routes = deps.routes
-    state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
-    state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
-    direct = None
-    if state.config.fetch_api.direct.enabled:
-        direct = DirectReader(state.config.fetch_api.direct, state.clock, state.direct_hooks)
-        await direct.start()
-    state.fetch_api = FetchApi(
-        state.config, state.routes, state.metrics, state.clock, state.redis, direct
+    metrics.identify(__version__, state.config_hash)
+    state.endpoint_metrics = {
+        label: metrics.route(label)
+        for label in (SEARCH_LABEL, FETCH_LABEL, state.config.mcp_server.path)
+    }
+    generation = build_generation(
+        state.config,
+        state.session,
+        state.clock,
+        metrics,
+        state.redis,
+        serving=lambda name: state.routes.get(name),
+        direct_hooks=state.direct_hooks,
     )
-    document = state.fetch_api.describe(state.search_api.document)
-    state.openapi_json = orjson.dumps(document, option=orjson.OPT_INDENT_2)
-    state.admin = Admin(state.routes, admin_token(state.config.server))
-    labels = (SEARCH_LABEL, FETCH_LABEL, state.config.mcp_server.path)
-    state.endpoint_metrics = {label: state.metrics.route(label) for label in labels}
-    _identify_clients(state)
-    for route in state.routes.values():
-        if route.breaker is not None:
-            await route.breaker.start()
+    await generation.start()
+    state.use(generation)
+    assert state.pulse is not None
+    tasks = [asyncio.create_task(state.pulse.run(), name="status-pulse")]
+    if state.config_path is not None:
+        tasks.append(asyncio.create_task(app[RELOADER].watch(), name="config-watch"))
     try:
         yield
     finally:
-        for route in state.routes.values():
-            if route.breaker is not None:
-                await route.breaker.stop()
-        if direct is not None:
-            await direct.close()
+        await app[RELOADER].close()  # first: a reload under way completes its swap
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if state.generation is not None:
+            await state.generation.release(None)
         await state.session.close()
         if state.redis is not None:
             await state.redis.close()
-
-
-def _identify_clients(state: ProxyState) -> None:
-    """The client gate when `clients:` is configured; warnings for what it leaves open."""
-    config = state.config
-    if not config.clients:
-        for name, cfg in config.routes.items():
-            limit = cfg.get(ratelimit.SECTION)
-            if limit is not None and limit.key == "client":
-                log.warning(
-                    "client_key_unverified",
-                    route=name,
-                    hint="rate_limit.key: client keys on credentials any caller can make up; "
-                    "configure clients: to identify callers",
-                )
-        return
-    limits = {n: c.daily_requests for n, c in config.clients.items() if c.daily_requests}
-    quota = DailyQuota(limits, quota_store(state.clock, state.redis))
-    state.clients = ClientGate(config.clients, quota, state.metrics)
-    for name in keyless_routes(state.routes):
-        log.warning(
-            "route_injects_no_key",
-            route=name,
-            hint="with clients configured the agent's token is not forwarded: set the vendor "
-            "key in this route's headers.set, or its vendor answers without one",
-        )
 
 
 def build_app(
@@ -433,24 +407,34 @@ def build_app(
     *,
     clock: Clock = SYSTEM_CLOCK,
     metrics: Metrics | None = None,
+    config_path: str | None = None,
+    config_hash: str = "",
     direct_hooks: DirectHooks | None = None,
 ) -> web.Application:
-    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner);
-    `direct_hooks` replace the direct fetcher's DNS and watch its connects (tests)."""
+    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner). With
+    `config_path` (the file `config` was read from, whose hash is `config_hash`) it can reload
+    (proxy/reload.py) and watches the file; `direct_hooks` replace the direct fetcher's DNS and
+    watch its connects (tests)."""
     # Bodies are bounded by our own check so the agent gets the JSON 413, not aiohttp's text one;
     # the +1 lets aiohttp's own limit sit just past ours.
     app = web.Application(
         client_max_size=config.server.max_body_bytes + 1, middlewares=[own_error_shape]
     )
-    app[STATE] = ProxyState(
+    metrics = metrics or Metrics()
+    state = app[STATE] = ProxyState(
         config=config,
         clock=clock,
-        metrics=metrics or Metrics(),
+        metrics=metrics,
         # The access line is skipped outright, not built and filtered, below level info.
         log_requests=logging.getLevelNamesMapping()[config.log.level.upper()] <= logging.INFO,
         mcp=McpEndpoint(config.mcp_server),
+        config_path=config_path,
+        config_hash=config_hash,
+        series=Series(metrics),
+        pulse=Pulse(metrics),
         direct_hooks=direct_hooks,
     )
+    app[RELOADER] = Reloader(state)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes
     app.router.add_get("/healthz", healthz)
@@ -483,9 +467,6 @@ async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Run the MCP server (proxy/mcp_server.py) over the search API `_lifecycle` built."""
     state = app[STATE]
     assert state.mcp is not None and state.search_api is not None
-    fetch = state.fetch_api
-    if fetch is not None and fetch.enabled:  # fetch_page beside web_search
-        state.mcp.fetch = FetchTool(fetch, state.clients)
     async with state.mcp.running(
         state.search_api, state.clients, state.config.server.max_body_bytes
     ):
@@ -497,6 +478,10 @@ def build_admin_app(app: web.Application) -> web.Application:
     whose start-up builds the routes they act on."""
     admin = web.Application(middlewares=[own_error_shape])
     admin[STATE] = app[STATE]
+    admin[RELOADER] = app[RELOADER]
+    admin.router.add_get("/", status_page)
+    admin.router.add_get("/admin/status", status_endpoint)
+    admin.router.add_post("/admin/reload", reload_endpoint)
     admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
     admin.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
     admin.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")

@@ -41,7 +41,7 @@ from starlette.types import Message, Scope
 from policies.core.errors import BadRequest, ProxyError
 from policies.core.options import OPTION_NAMES
 from proxy import __version__
-from proxy.clients import Caller, ClientGate, is_loopback_host
+from proxy.clients import Caller, ClientGate, hostname, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, InternalError, MethodNotAllowed, NotFound
 from proxy.forward import HOP_BY_HOP
@@ -251,13 +251,6 @@ def _error_result(text: str) -> types.ServerResult:
 # Access
 
 
-def _hostname(authority: str) -> str:
-    """The host of a Host header or an Origin's authority: `[::1]:8080` -> `::1`."""
-    if authority.startswith("["):
-        return authority[1 : authority.find("]")] if "]" in authority else ""
-    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
-
-
 def is_loopback_peer(remote: str | None) -> bool:
     """Whether a peer address is this machine's loopback (IPv4-mapped IPv6 included)."""
     try:
@@ -283,7 +276,7 @@ def refusal(
     must be on a loopback host itself: a page elsewhere, its name rebound to this machine's
     address (DNS rebinding), is refused."""
     if origin is not None:  # "null" (a sandboxed page) is no loopback host either
-        page = _hostname(origin.partition("://")[2].split("/", 1)[0])
+        page = hostname(origin.partition("://")[2].split("/", 1)[0])
         if not is_loopback_host(page):
             return Forbidden(
                 f"search-proxy's MCP server does not serve browser pages from other sites "
@@ -298,10 +291,10 @@ def refusal(
             f"came from {remote or 'an unknown address'}: connect from the proxy's host, or set "
             "mcp_server.allow_remote: true (better with clients: tokens configured)"
         )
-    if host is not None and not is_loopback_host(_hostname(host)):
+    if host is not None and not is_loopback_host(hostname(host)):
         return Forbidden(
             f"search-proxy's MCP server serves loopback callers at a loopback address only, "
-            f"and this request names host {_hostname(host)!r}: use http://127.0.0.1 or "
+            f"and this request names host {hostname(host)!r}: use http://127.0.0.1 or "
             "http://localhost, or set mcp_server.allow_remote: true"
         )
     return None
@@ -451,8 +444,7 @@ class McpEndpoint:
         if not self.config.enabled:
             yield
             return
-        self.api, self.clients = api, clients
-        self.tool = tool_definition(api)
+        self.use(api, clients, self.config)
         # The package's own logger says "Processing request ..." at info for every message.
         logging.getLogger("mcp").setLevel(logging.WARNING)
         if clients is None and self.config.allow_remote:
@@ -489,6 +481,12 @@ class McpEndpoint:
             self.manager = None
             stop.set()
             await holder
+
+    def use(self, api: SearchApi, clients: ClientGate | None, config: McpServerConfig) -> None:
+        """Search through `api` and admit by `clients` from now on (a reload's new generation;
+        its path and `enabled` stay as they were served)."""
+        self.api, self.clients, self.config = api, clients, config
+        self.tool = tool_definition(api)
 
     async def admit(self, request: web.Request) -> Caller | None:
         """Whether this request may use the MCP server, and its known client: ProxyErrors

@@ -22,6 +22,7 @@ from policies.chain import build_chain, reader
 from policies.core.clock import Clock
 from policies.core.credentials import empty_credential
 from policies.core.flow import Classifier, Flow, Handler, Policy, compose, status_outcome
+from policies.core.kept import Kept
 from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
@@ -65,6 +66,11 @@ class Deps:
     # fallbacks when first needed), and the app-wide parts policies share across routes.
     routes: dict[str, Route] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
+    # The routes' stateful parts, handed the previous build's on a config reload.
+    kept: Kept = field(default_factory=Kept)
+    # The route of a name serving now (after a reload, the newest build's): a breaker kept by a
+    # reload sends its probes with the headers configured now. None: `routes`.
+    serving: Callable[[str], Route | None] | None = None
 
 
 def as_provider(route: Route, clock: Clock, profile: VendorProfile | None = None) -> Provider:
@@ -116,7 +122,7 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
     numbers = itertools.count(1)
 
     async def send(method: str, target: str, body: bytes) -> int:
-        route = deps.routes.get(cfg.name)
+        route = (deps.serving or deps.routes.get)(cfg.name)
         headers: CIMultiDict[str] = CIMultiDict(route.set_headers if route is not None else ())
         if body:
             headers["Content-Type"] = "application/json"
@@ -154,6 +160,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         providers=_providers(deps),
         side_request=_side_request(cfg, deps),
         shared=deps.shared,
+        kept=deps.kept,
     )
     policies = build_chain(build)
     metrics = deps.metrics.route(cfg.name)

@@ -14,16 +14,21 @@ from proxy.clients import ClientGate
 from proxy.config import Config
 from proxy.direct import DirectHooks
 from proxy.fetch_api import FetchApi
+from proxy.generation import Generation
+from proxy.mcp_fetch import FetchTool
 from proxy.mcp_server import McpEndpoint
 from proxy.metrics import Metrics, RouteMetrics
 from proxy.pipeline import Route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
+from proxy.series import Series
+from proxy.status import Pulse
 
 
 @dataclass
 class ProxyState:
-    """Everything the handlers share, created at start-up and owned by the app."""
+    """Everything the handlers share, created at start-up and owned by the app. The fields from
+    `config` to `clients` are the serving generation's, swapped whole by a reload (`use`)."""
 
     config: Config
     clock: Clock
@@ -37,12 +42,39 @@ class ProxyState:
     direct_hooks: DirectHooks | None = None
     admin: Admin | None = None
     clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
+    generation: Generation | None = None
     mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
     session: aiohttp.ClientSession | None = None
     redis: RedisLink | None = None
     log_requests: bool = True
     # The request metrics of the endpoints that are not routes (/v1/search, /v1/fetch, /mcp).
     endpoint_metrics: dict[str, RouteMetrics] = field(default_factory=dict)
+    # The config file served, and the hash of what was read from it (proxy/reload.py).
+    config_path: str | None = None
+    config_hash: str = ""
+    series: Series | None = None
+    pulse: Pulse | None = None  # recent rates, latencies and errors, for the status page
+
+    def use(self, generation: Generation) -> None:
+        """Serve `generation` from now on: one swap, no await inside, so a request sees the old
+        generation or the new one whole. Requests already running keep the route they hold."""
+        self.generation = generation
+        self.config = generation.config
+        self.routes = generation.routes
+        self.router = generation.router
+        self.search_api = generation.search_api
+        self.fetch_api = generation.fetch_api
+        self.openapi_json = generation.openapi_json
+        self.admin = generation.admin
+        self.clients = generation.clients
+        if self.mcp is not None:
+            self.mcp.use(generation.search_api, generation.clients, generation.config.mcp_server)
+            fetch = generation.fetch_api  # fetch_page beside web_search
+            self.mcp.fetch = FetchTool(fetch, generation.clients) if fetch.enabled else None
+        if self.series is not None:
+            self.series.declare(self.routes, self.config.search_api.providers)
+        if self.pulse is not None:
+            self.pulse.follow(self.config, [*self.routes, *self.endpoint_metrics])
 
 
 STATE = web.AppKey("state", ProxyState)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import ast
 import asyncio
+import dataclasses
 import inspect
 import json
 import re
@@ -28,9 +29,12 @@ import tavily
 from exa_py import AsyncExa, Exa
 from langchain_tavily import TavilySearch
 from linkup import LinkupClient
+from prometheus_client.metrics import MetricWrapperBase
 
-from proxy.app import build_app
-from proxy.config import Config, RouteConfig
+from proxy.app import build_admin_app, build_app
+from proxy.config import Config, RouteConfig, ServerConfig, parse_config
+from proxy.metrics import Metrics
+from proxy.reload import RESTART_ONLY
 from testkit.fakevendor import FakeVendor, Received, make_results
 from tests.test_shipped_config import SHIPPED, shipped_config
 
@@ -485,3 +489,42 @@ async def test_a_key_in_the_environment_replaces_the_agents_own(
     answer = await asyncio.to_thread(search)
     assert len(answer["results"]) == N
     assert vendor.last.headers.getall("Authorization") == [f"Bearer {ENV['TAVILY_API_KEY']}"]
+
+
+# --------------------------------------------------------------------------- the reference
+
+
+def subsection(title: str) -> str:
+    """The text of one `### title` subsection."""
+    text = README.read_text(encoding="utf-8")
+    start = text.index(f"\n### {title}\n")
+    end = text.find("\n#", start + 1)
+    return text[start:end]
+
+
+def test_every_server_key_metric_and_admin_endpoint_is_documented() -> None:
+    server_keys = set(re.findall(r"^\| `(\w+)` \|", subsection("`server`"), re.MULTILINE))
+    assert server_keys == {f.name for f in dataclasses.fields(ServerConfig)}
+    metrics_text = section("Metrics")
+    for metric in vars(Metrics()).values():
+        if isinstance(metric, MetricWrapperBase):
+            shown = metric._name + ("_total" if metric._type == "counter" else "")
+            assert f"`{shown}`" in metrics_text, f"{shown} is not in the README's Metrics table"
+    admin_text = section("Admin endpoints")
+    for resource in build_admin_app(build_app(parse_config(MINIMAL, {}))).router.resources():
+        path = resource.canonical
+        methods = {r.method for r in resource if r.method != "HEAD"}
+        for method in methods:
+            assert f"`{method} {path}`" in admin_text, f"{method} {path} is not documented"
+
+
+def test_the_reload_section_names_every_restart_only_setting() -> None:
+    text = section("Reload (SIGHUP, POST /admin/reload, the file watch)")
+    for path in RESTART_ONLY:
+        if path == "server.workers":
+            continue  # named for when it exists
+        top, _, key = path.partition(".")
+        assert f"`{key or top}`" in text or f"`{path}`" in text, f"{path} is not named"
+
+
+MINIMAL = {"routes": {"echo": {"prefix": "/echo", "upstream": "http://127.0.0.1:1"}}}

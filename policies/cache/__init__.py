@@ -87,10 +87,16 @@ def _storable(classify: Classifier) -> Callable[[Reply], bool]:
 
 def build(cfg: CacheConfig, route: Build) -> StaleCache:
     reads_answers = route.profile is not None or route.route.has("mcp")
+    # A reload keeps the entries while the section and what the answers come from are unchanged.
+    store = route.keep(
+        "cache store",
+        (cfg, route.route.upstream, route.profile),
+        lambda: build_store(cfg, route.redis, route.clock),
+    )
     return StaleCache(
         route.route.name,
         cfg,
-        build_store(cfg, route.redis, route.clock),
+        store,
         route.clock,
         route.events,
         storable=_storable(route.classify) if reads_answers else default_storable,

@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from policies.core.clock import Clock
 from policies.core.events import Events
 from policies.core.flow import Classifier, Handler, Policy
+from policies.core.kept import Kept
 from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
@@ -117,6 +118,8 @@ class Build:
     side_request: SideRequest
     # App-wide parts a policy makes once for all routes (failover's record of spent plans).
     shared: dict[str, Any] = field(default_factory=dict)
+    # The stateful parts of the build before a config reload, for `keep`.
+    kept: Kept = field(default_factory=Kept)
     # Left by earlier links for later ones.
     halt_retries: Callable[[], bool] | None = None  # by the breaker, for the retry loop
     retry_budget: Budget | None = None  # by the retry loop, for the hedge
@@ -127,6 +130,12 @@ class Build:
             self.shared[name] = make()
         found: T = self.shared[name]
         return found
+
+    def keep(self, part: str, inputs: object, make: Callable[[], T]) -> T:
+        """The route's stateful `part` (a breaker, a store, a window): the one built before a
+        config reload when made from equal `inputs` (its section's config and the route settings
+        it reads), so its state lives on; else a new one from `make`."""
+        return self.kept.take(self.route.name, part, inputs, make)
 
 
 @dataclass(frozen=True)

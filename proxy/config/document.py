@@ -56,9 +56,12 @@ _SECTION_PARSERS: dict[str, Parser] = {
 }
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate a YAML file; every failure is a ConfigError."""
-    return parse_config(read_document(path), env)
+def load_config(
+    path: str | Path, env: Mapping[str, str] | None = None, data: bytes | None = None
+) -> Config:
+    """Read and validate a YAML file (its bytes `data` when already read); every failure is a
+    ConfigError."""
+    return parse_config(read_document(path, data), env)
 
 
 def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:

@@ -69,6 +69,9 @@ class ServerConfig:
     send_timeout: float = 60.0
     client_keepalive_timeout: float = 75.0
     max_connections: int = 1000
+    # Reload when the config file changes (proxy/reload.py); SIGHUP and POST /admin/reload
+    # reload whatever this says.
+    watch_config: bool = True
 
 
 @dataclass(frozen=True)
@@ -146,6 +149,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "send_timeout": positive_duration,
             "client_keepalive_timeout": positive_duration,
             "max_connections": whole_in(1),
+            "watch_config": boolean,
         },
     )
 
