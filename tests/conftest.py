@@ -52,6 +52,7 @@ TIER_OF_MODULE = {
     "test_ratelimit_e2e": "integration",
     "test_readme": "e2e",
     "test_redact": "unit",
+    "test_redirects": "unit",
     "test_retries": "integration",
     "test_sdks": "e2e",
     "test_sdk_errors": "e2e",
@@ -69,6 +70,7 @@ TIER_OF_MODULE = {
     "test_simplify": "unit",
     "test_mcp_policy": "unit",
     "test_mcp_route": "integration",
+    "test_mcp_sessions": "integration",
     "test_mcp2_client": "e2e",
 }
 
