@@ -54,11 +54,13 @@ SEARCH_LABEL = "/v1/search"
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
     """A short, stable hash of the caller's credentials, every header whose name is one
-    (policies/core/credentials.py); "" when it sent none."""
+    (policies/core/credentials.py) but Cookie; "" when it sent none. A cookie is state a server
+    handed the caller and may change under it (a load balancer's sticky cookie after an MCP
+    `initialize`): it would make a new caller of the same one."""
     parts = sorted(
         (name.lower(), value)
         for name, value in headers.items()
-        if value and is_credential_name(name)
+        if value and is_credential_name(name) and name.lower() != "cookie"
     )
     if not parts:
         return ""
