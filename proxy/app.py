@@ -254,7 +254,13 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
     assert mcp is not None  # built with the app
     caller = await mcp.admit(request)
     body = await read_body(request, state.config.server.max_body_bytes)
-    return await mcp.handle(request, body, ex.request_id, caller, trace)
+    who = caller.name if caller is not None else client_identity(request.headers)
+    # A tool call stops, with its vendor calls, once its client has gone.
+    watch = watch_agent(request)
+    try:
+        return await mcp.handle(request, body, ex.request_id, caller, trace, who)
+    finally:
+        watch.stop()
 
 
 async def openapi_endpoint(request: web.Request) -> web.Response:

@@ -61,6 +61,7 @@ TIER_OF_MODULE = {
     "test_hedge": "unit",
     "test_hedge_e2e": "integration",
     "test_mcp_server": "integration",
+    "test_mcp_calls": "integration",
     "test_search_api": "integration",
     "test_search_e2e": "integration",
     "test_streams": "integration",
