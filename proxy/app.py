@@ -35,6 +35,7 @@ from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.forward import request_headers
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
+from proxy.oauth import is_oauth_path, oauth_answer
 from proxy.pipeline import Deps, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi, SearchTrace
@@ -114,7 +115,12 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     state = request.app[STATE]
     if request.method in REFUSED_METHODS:
         raise _refused_method(request.method)
-    route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    try:
+        route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    except NotFound:
+        if is_oauth_path(request.path):  # an MCP client looking for OAuth: say there is none
+            return oauth_answer(request.path, ex.request_id)
+        raise
     ex.name, ex.route = route.name, route
     ex.count_as(route.metrics)
     caller = None

@@ -24,7 +24,9 @@ Before answering, a tool sleeps each of ``progress_gaps`` then sends one progres
 Failures (``tools/call`` only, in arrival order): the first ``fail_first`` calls fail, then each
 fails with probability ``fail_rate`` (``random.Random(seed)``). Apart from those, the first
 ``fail_initialize`` ``initialize`` requests get HTTP 503 (a blip while an agent connects).
-``set_cookie`` makes every answer set that cookie, as a load balancer's sticky session does.
+With ``api_key`` set, a request without it gets 401 and, as Tavily's server answers, a
+``WWW-Authenticate`` naming the server's own OAuth metadata. ``set_cookie`` makes every answer
+set that cookie, as a load balancer's sticky session does.
 Every request on the endpoint is counted in ``fake.requests`` (``"POST tools/list"``, ``"GET"``,
 ``"DELETE"``), refused ones included. How, by ``fail_mode``:
 ``http_503`` (HTTP 503 + small JSON body, the tool never runs), ``jsonrpc_error`` (HTTP 200,
@@ -299,7 +301,11 @@ class _Recorder:
             await send(message)
 
         if fake.api_key is not None and headers.get("authorization") != f"Bearer {fake.api_key}":
-            await _send_json(spy, 401, {"error": "unauthorized"})
+            # As Tavily's: the challenge names the server's own OAuth metadata.
+            origin = (fake.url or "").removesuffix(fake.path)
+            metadata = f"{origin}/.well-known/oauth-protected-resource{fake.path}"
+            challenge = f'Bearer resource_metadata="{metadata}"'
+            await _send_json(spy, 401, {"error": "unauthorized"}, challenge=challenge)
             return
         if rpc.get("method") == "initialize" and fake.initializes <= fake.fail_initialize:
             await _send_json(spy, 503, {"error": "unavailable", "message": FAIL_MESSAGE})
@@ -329,11 +335,19 @@ class _Recorder:
         await self.app(scope, replay, spy)
 
 
-async def _send_json(send: Send, status: int, payload: Any, session_id: str | None = None) -> None:
+async def _send_json(
+    send: Send,
+    status: int,
+    payload: Any,
+    session_id: str | None = None,
+    challenge: str | None = None,
+) -> None:
     body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if session_id:
         headers.append((b"mcp-session-id", session_id.encode()))
+    if challenge:
+        headers.append((b"www-authenticate", challenge.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 

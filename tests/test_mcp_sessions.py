@@ -239,3 +239,35 @@ async def test_a_redirect_a_plain_route_passes_on_points_at_the_route(
     assert answer.headers["Location"] == "/r/x/old/?page=2"
     away = await proxy.get("/r/x/away", allow_redirects=False)
     assert away.headers["Location"] == "https://cdn.example/x"  # another host: as it was
+
+
+async def test_an_oauth_client_is_told_the_proxy_takes_a_static_token(
+    start_proxy: Start,
+) -> None:
+    """Where an OAuth-capable MCP client looks after a 401: no path the proxy answers sends
+    it to the upstream's own metadata, and each says what to send instead."""
+    fake = FakeMcp(api_key="vendor-key")
+    async with serve_fake_mcp(fake) as endpoint:
+        url = await start(start_proxy, fake)
+        async with httpx.AsyncClient(timeout=10) as http:
+            refused = await http.post(url, json=INITIALIZE, headers=ACCEPT)
+            assert refused.status_code == 401
+            challenge = refused.headers["WWW-Authenticate"]
+            assert "static bearer token" in challenge
+            assert str(URL(endpoint).origin()) not in challenge  # not the server's metadata
+            origin = URL(url).origin()
+            for path in (
+                "/.well-known/oauth-protected-resource/tmcp/mcp",
+                "/.well-known/oauth-protected-resource",
+                "/.well-known/oauth-authorization-server",
+                "/.well-known/openid-configuration",
+            ):
+                found = await http.get(str(origin.with_path(path)))
+                assert found.status_code == 404, path
+                assert found.json()["error"] == "invalid_request"
+            registered = await http.post(str(origin.with_path("/register")), json={})
+    assert registered.status_code == 400
+    error = registered.json()
+    assert error["error"] == "invalid_request"
+    assert "static bearer token" in error["error_description"]
+    assert "Authorization: Bearer <token>" in error["error_description"]

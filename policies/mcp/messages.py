@@ -18,6 +18,13 @@ from policies.mcp.config import McpConfig
 
 # The code of the JSON-RPC errors the proxy answers itself (implementation-defined range).
 PROXY_ERROR_CODE = -32099
+# The challenge of a refused request on an MCP route: a server's own may send an OAuth client
+# to the server's metadata, an address the agent is not to use, for a resource that is not the
+# route; the proxy's says what it takes (its OAuth paths explain further, proxy/oauth.py).
+CHALLENGE = (
+    'Bearer realm="search-proxy", error="invalid_token", error_description="this route takes '
+    'a static bearer token: send Authorization: Bearer <key>, not OAuth"'
+)
 # The JSON-RPC ids of the requests the proxy sends upstream itself (a tool call's attempts, the
 # initialize of a session it opens): unique in this process, unguessable across processes
 # (never derived from anything the agent sends, such as its X-Request-Id).

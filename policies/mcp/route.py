@@ -27,6 +27,7 @@ from policies.core.redislink import RedisLink
 from policies.mcp.config import McpConfig
 from policies.mcp.lifecycle import SessionLifecycle
 from policies.mcp.messages import (
+    CHALLENGE,
     Cancelled,
     SseParser,
     answered,
@@ -181,6 +182,8 @@ class McpRoute:
             reply = await self._dispatch(flow, message, method, params, tool)
         if session is not None and reply.status == 404:
             await life.ended(session)  # the server no longer knows it
+        if reply.status in (401, 403) and "WWW-Authenticate" in reply.headers:
+            reply.headers["WWW-Authenticate"] = CHALLENGE
         return reply
 
     async def _dispatch(
