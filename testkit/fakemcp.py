@@ -421,6 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fail-mode", choices=(*FAIL_MODES, "mixed"), default="http_503")
     p.add_argument("--empty-over-words", type=int, default=None)
     p.add_argument("--json-response", action="store_true")
+    p.add_argument("--silent", type=float, default=0.0, help="seconds each tool call is silent")
     args = p.parse_args(argv)
     fake = FakeMcp(
         seed=args.seed,
@@ -428,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         fail_mode=args.fail_mode,
         empty_over_words=args.empty_over_words,
         json_response=args.json_response,
+        silent=args.silent,
     )
 
     async def serve() -> None:

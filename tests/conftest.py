@@ -73,6 +73,7 @@ TIER_OF_MODULE = {
     "test_mcp_route": "integration",
     "test_mcp_sessions": "integration",
     "test_mcp2_client": "e2e",
+    "test_mcp_ts_client": "e2e",
 }
 
 
