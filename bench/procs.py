@@ -103,12 +103,16 @@ def bench_upstream(pinning: Pinning, timeout: float = 20.0) -> Iterator[tuple[st
         child.stop()
 
 
-def proxy_config(routes: dict[str, Any], *, port: int, log_level: str = "warning") -> dict:
-    """A whole proxy config around `routes`; request logs are off unless log_level is info."""
+def proxy_config(
+    routes: dict[str, Any], *, port: int, log_level: str = "warning", **sections: Any
+) -> dict:
+    """A whole proxy config around `routes` (and other top-level `sections`); request logs are
+    off unless log_level is info."""
     return {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s"},
         "log": {"level": log_level, "format": "json"},
         "routes": routes,
+        **sections,
     }
 
 
@@ -119,8 +123,10 @@ def proxy(
     *,
     log_level: str = "warning",
     timeout: float = 15.0,
+    **sections: Any,
 ) -> Iterator[tuple[str, Child]]:
     """`python -m proxy` on the proxy CPU, ready once /healthz answers; yields (url, child).
+    `sections` are top-level config sections besides the routes (`mcp_server`, ...).
 
     At log level warning the proxy prints no "listening" line, so the port is chosen here.
     Raises testkit.procs.StartError with the proxy's own output when it exits or does not answer.
@@ -128,7 +134,7 @@ def proxy(
     port = free_port()
     fd, config_path = tempfile.mkstemp(prefix="bench-proxy-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(proxy_config(routes, port=port, log_level=log_level), f)
+        yaml.safe_dump(proxy_config(routes, port=port, log_level=log_level, **sections), f)
     try:
         with proxy_from_file(pinning, config_path, port=port, timeout=timeout) as started:
             yield started
