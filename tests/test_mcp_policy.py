@@ -27,7 +27,7 @@ from policies.mcp import (
     sse_event,
     tool_error,
 )
-from policies.mcp.offline import noting
+from policies.mcp.offline import OfflineSessions, noting
 from policies.mcp.sessions import Recent
 from proxy.config import ConfigErrors, parse_config
 from testkit.redisserver import RedisServer
@@ -266,3 +266,23 @@ async def test_noting_keeps_the_result_of_a_json_or_streamed_answer() -> None:
     noting(Reply(200, CIMultiDict(), answer), 8, kept.append)  # another request's
     noting(Reply(503, CIMultiDict(), answer), 7, kept.append)
     assert len(kept) == 2
+
+
+def test_a_session_opened_offline_keeps_a_bounded_part_of_the_agents_params() -> None:
+    async def never(flow: Any) -> Reply:
+        raise AssertionError("no upstream call")
+
+    sessions = OfflineSessions("m", never, 10, 60.0, ManualClock())
+    params = {
+        "protocolVersion": "2025-06-18",
+        "capabilities": {"roots": {}},
+        "clientInfo": {"name": "agent", "version": "1"},
+        "extra": "x" * 100_000,
+    }
+    opened = sessions.get(sessions.open(params))
+    assert opened is not None and opened.params == {k: params[k] for k in list(params)[:3]}
+    huge = {**params, "clientInfo": {"name": "y" * 100_000, "version": "1"}}
+    opened = sessions.get(sessions.open(huge))
+    assert opened is not None and len(encode(opened.params)) < 200
+    assert opened.params["protocolVersion"] == "2025-06-18"
+    assert sessions.get("not-ours") is None

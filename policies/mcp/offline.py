@@ -27,6 +27,10 @@ from policies.mcp.messages import (
 from policies.mcp.sessions import Recent
 
 PREFIX = "sp-offline-"  # the session ids the proxy gives out itself
+# What is kept of an agent's initialize params, at most (a peer must not make the proxy hold
+# a request body per session): the fields a server reads.
+MAX_PARAMS_BYTES = 8192
+_PARAMS = ("protocolVersion", "capabilities", "clientInfo")
 # Marks an answer the proxy made from its memory of the server (`result._meta`).
 MARK = "search-proxy/offline"
 
@@ -97,7 +101,11 @@ class OfflineSessions:
     def open(self, params: Result) -> str:
         """A new session of the proxy's own for an agent that sent `params` with initialize."""
         session = PREFIX + secrets.token_hex(16)
-        self._opened.put(session, Opened(dict(params)))
+        kept = {k: params[k] for k in _PARAMS if k in params}
+        if len(encode(kept)) > MAX_PARAMS_BYTES:
+            kept = {"protocolVersion": str(params.get("protocolVersion", ""))[:32]}
+            kept.update(capabilities={}, clientInfo={"name": "mcp-client", "version": "0"})
+        self._opened.put(session, Opened(kept))
         return session
 
     def get(self, session: str | None) -> Opened | None:
