@@ -13,7 +13,7 @@ from multidict import CIMultiDict
 
 from policies.core.clock import ManualClock
 from policies.core.errors import UpstreamUnreachable
-from policies.core.flow import Reply
+from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
 from policies.core.redislink import RedisLink
 from policies.mcp import (
@@ -27,6 +27,7 @@ from policies.mcp import (
     sse_event,
     tool_error,
 )
+from policies.mcp.lifecycle import HANDSHAKE_S, SessionLifecycle
 from policies.mcp.offline import OfflineSessions, noting
 from policies.mcp.sessions import Recent
 from proxy.config import ConfigErrors, parse_config
@@ -286,3 +287,33 @@ def test_a_session_opened_offline_keeps_a_bounded_part_of_the_agents_params() ->
     assert opened is not None and len(encode(opened.params)) < 200
     assert opened.params["protocolVersion"] == "2025-06-18"
     assert sessions.get("not-ours") is None
+
+
+async def test_the_handshake_keeps_under_the_clients_own_timeout() -> None:
+    """initialize may take a route's timeouts.total (300 s shipped): not while a client waits
+    60 s for it."""
+    clock = ManualClock()
+    seen: list[float] = []
+
+    async def session(flow: Flow) -> Reply:
+        seen.append(flow.context.deadline)
+        return Reply(202, CIMultiDict())
+
+    offline = OfflineSessions("m", session, 10, 60.0, clock)
+    owners = SessionOwners("m", 10, 60.0, clock)
+    life = SessionLifecycle("m", owners, offline, session, session, stand_in=True)
+    for total in (300.0, 5.0):
+        flow = Flow.new(
+            route="m",
+            method="POST",
+            path="/mcp",
+            query_string="",
+            headers=CIMultiDict(),
+            body=b"{}",
+            request_id="r",
+            client="",
+            deadline=clock.now() + total,
+            started=clock.now(),
+        )
+        await life.handshake(flow)
+    assert seen == [clock.now() + HANDSHAKE_S, clock.now() + 5.0]

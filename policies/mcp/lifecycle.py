@@ -27,6 +27,10 @@ log = structlog.get_logger("search_proxy.mcp")
 
 # The server's answers that mean it is not there (a gateway in front of it answering for it).
 _GONE = frozenset({502, 503, 504})
+# The longest the handshake (initialize, initialized) may take, retries included: under the 60 s
+# MCP clients wait, so an agent gets an answer (a session opened offline, or the proxy's
+# error) rather than its own timeout, even from a server that accepts and never answers.
+HANDSHAKE_S = 20.0
 
 
 class SessionLifecycle:
@@ -52,11 +56,18 @@ class SessionLifecycle:
 
     # --- opening a session --------------------------------------------------------------
 
+    async def handshake(self, flow: Flow) -> Reply:
+        """A message of the handshake (initialize, initialized) through the route's retries,
+        within HANDSHAKE_S."""
+        context = flow.context
+        context.deadline = min(context.deadline, context.started + HANDSHAKE_S)
+        return await self.session(flow)
+
     async def initialize(self, flow: Flow, request_id: Any, params: Result) -> Reply:
         """`initialize`, retried on a failed exchange or a 5xx before anything was answered;
         while the server stays down, a session of the proxy's own when it may open one."""
         try:
-            reply = await self.session(flow)
+            reply = await self.handshake(flow)
         except ProxyError as err:
             if isinstance(err, VendorFailure):
                 opened = await self._open_offline(flow, request_id, params, err.type)

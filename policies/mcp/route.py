@@ -203,7 +203,7 @@ class McpRoute:
             # Notifications, responses and batches; the one that ends the handshake is
             # retried like the initialize before it.
             if method == "notifications/initialized":
-                return await life.session(flow)
+                return await life.handshake(flow)
             return await self.upstream(flow)
         request_id = message["id"]
         if method == "initialize":
