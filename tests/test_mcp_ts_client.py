@@ -139,6 +139,25 @@ async def test_a_ts_agent_cannot_use_or_end_another_agents_session(start_proxy: 
         assert fake.deletes == 1
 
 
+async def test_two_ts_agents_of_one_key_through_a_cached_plain_route(start_proxy: Any) -> None:
+    """No mcp: section, a cache on POST: each agent gets a session of its own, and works."""
+    fake = FakeMcp()
+    async with serve_fake_mcp(fake) as endpoint, ts_agent() as ts:
+        cache = {"ttl": "10m", "methods": ["GET", "POST"]}
+        plain = route(str(URL(endpoint).origin()), "/plain", cache=cache)
+        proxy = await start_proxy({"routes": {"plain": plain}})
+        url = str(proxy.make_url("/plain/mcp"))
+        opened = [
+            await ts.send("connect", name=name, url=url, headers=auth("one-key"))
+            for name in ("a", "b")
+        ]
+        assert opened[0]["sessionId"] != opened[1]["sessionId"]
+        for name in ("a", "b"):
+            found = await ts.send("call", name=name, tool="tavily_search", arguments={"query": "q"})
+            assert found["ok"] and not found["isError"], found
+    assert fake.initializes == 2
+
+
 async def test_a_ts_agent_ends_its_session_on_a_dead_server_without_an_error(
     start_proxy: Any,
 ) -> None:
