@@ -72,8 +72,11 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	@rm -f $(VENV)/.test-* $(VENV)/.run-*
 	@touch $@ $(RUN_STAMP)
 
+# redis-server brings redis-cli (topologies are built with it); openssl makes the TLS tests' CA.
 redis-server:
 	@sh scripts/ensure-package.sh redis-server redis-server
+	@sh scripts/ensure-package.sh redis-cli redis-tools
+	@sh scripts/ensure-package.sh openssl openssl
 
 # promtool checks the alert rules; docker-compose checks the compose file (no engine needed).
 deploy-tools:

@@ -26,6 +26,7 @@ from bench import (
     mcp,
     mcproute,
     recovery,
+    redisha,
     resilience,
     retries,
     search,
@@ -47,6 +48,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "recovery": recovery.run,
     "mcp": mcp.run,
     "mcproute": mcproute.run,
+    "redis": redisha.run,
 }
 
 

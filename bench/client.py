@@ -4,6 +4,7 @@ status and latency recorded."""
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -15,6 +16,16 @@ import aiohttp
 from bench.report import percentile
 
 CLIENT_ERROR = 0  # the status recorded when no HTTP answer came back at all
+
+
+def result_count(body: bytes) -> int:
+    """How many results a Tavily-shaped answer holds (0 when it is not one)."""
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return 0
+    results = data.get("results") if isinstance(data, dict) else None
+    return len(results) if isinstance(results, list) else 0
 
 
 @dataclass

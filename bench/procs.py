@@ -13,14 +13,15 @@ import shutil
 import sys
 import tempfile
 import urllib.request
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
 
 import yaml
 
+from bench.report import Scenario
 from testkit.fakevendor import FakeVendorProcess
-from testkit.procs import Child, free_port
+from testkit.procs import Child, StartError, free_port
 
 
 @dataclass(frozen=True)
@@ -75,6 +76,22 @@ def detect_pinning() -> Pinning:
     return Pinning(cpus[0], cpus[1])
 
 
+def run_scenarios(
+    group: str,
+    scenarios: tuple[Callable[[Pinning], Scenario], ...],
+    pinning: Pinning,
+    emit: Callable[[Scenario], None],
+) -> None:
+    """Each scenario in turn, this process on the non-proxy CPU; one that cannot start its
+    processes is reported as an error and the next one runs."""
+    with client_pinned(pinning):
+        for scenario in scenarios:
+            try:
+                emit(scenario(pinning))
+            except StartError as exc:
+                emit(Scenario(f"{group}/{scenario.__name__}", error=f"{exc}"))
+
+
 @contextlib.contextmanager
 def fake_vendor(
     pinning: Pinning, *args: str, port: int = 0, timeout: float = 20.0
@@ -104,16 +121,24 @@ def bench_upstream(pinning: Pinning, timeout: float = 20.0) -> Iterator[tuple[st
 
 
 def proxy_config(
-    routes: dict[str, Any], *, port: int, log_level: str = "warning", **sections: Any
+    routes: dict[str, Any],
+    *,
+    port: int,
+    log_level: str = "warning",
+    redis: dict[str, Any] | None = None,
+    **sections: Any,
 ) -> dict:
-    """A whole proxy config around `routes` (and other top-level `sections`); request logs are
-    off unless log_level is info."""
-    return {
+    """A whole proxy config around `routes` (and `redis`, and other top-level `sections`, when
+    given); request logs are off unless log_level is info."""
+    config = {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s"},
         "log": {"level": log_level, "format": "json"},
         "routes": routes,
         **sections,
     }
+    if redis is not None:
+        config["redis"] = redis
+    return config
 
 
 @contextlib.contextmanager
@@ -123,6 +148,7 @@ def proxy(
     *,
     log_level: str = "warning",
     timeout: float = 15.0,
+    redis: dict[str, Any] | None = None,
     **sections: Any,
 ) -> Iterator[tuple[str, Child]]:
     """`python -m proxy` on the proxy CPU, ready once /healthz answers; yields (url, child).
@@ -134,7 +160,8 @@ def proxy(
     port = free_port()
     fd, config_path = tempfile.mkstemp(prefix="bench-proxy-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(proxy_config(routes, port=port, log_level=log_level, **sections), f)
+        config = proxy_config(routes, port=port, log_level=log_level, redis=redis, **sections)
+        yaml.safe_dump(config, f)
     try:
         with proxy_from_file(pinning, config_path, port=port, timeout=timeout) as started:
             yield started

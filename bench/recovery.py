@@ -45,10 +45,10 @@ from typing import Any
 
 import aiohttp
 
-from bench.procs import Pinning, client_pinned, get_text, metric_sum, proxy
+from bench.client import result_count
+from bench.procs import Pinning, get_text, metric_sum, proxy, run_scenarios
 from bench.report import Figure, Scenario, at_least, at_most, percentile
 from testkit.fakevendor import FakeVendor, Fault, ThreadedFakeVendor
-from testkit.procs import StartError
 
 ROUTE = "tavily"
 RATE = 40  # agent calls per second, per proxy
@@ -155,22 +155,13 @@ class Run:
     metrics: str = ""
 
 
-def _results(body: bytes) -> int:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return 0
-    results = data.get("results") if isinstance(data, dict) else None
-    return len(results) if isinstance(results, list) else 0
-
-
 async def _call(session: aiohttp.ClientSession, run: Run, i: int, sent: float) -> None:
     started = time.perf_counter()
     body = {"query": f"recovery {run.label} query {i}", "max_results": 3}
     try:
         async with session.post(f"{run.url}/{ROUTE}/search", json=body) as resp:
             data = await resp.read()
-            call = Call(sent, resp.status, 0.0, _results(data), "X-Circuit" in resp.headers)
+            call = Call(sent, resp.status, 0.0, result_count(data), "X-Circuit" in resp.headers)
     except (aiohttp.ClientError, TimeoutError):
         call = Call(sent, 0, 0.0)
     call.seconds = time.perf_counter() - started
@@ -364,9 +355,4 @@ SCENARIOS: tuple[Callable[[Pinning], Scenario], ...] = (flapping, hard_outage)
 
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
     """Each scenario with its own proxies and fake vendors; one failing does not stop the next."""
-    with client_pinned(pinning):
-        for scenario in SCENARIOS:
-            try:
-                emit(scenario(pinning))
-            except StartError as exc:
-                emit(Scenario(f"recovery/{scenario.__name__}", error=f"{exc}"))
+    run_scenarios("recovery", SCENARIOS, pinning, emit)

@@ -55,8 +55,8 @@ class MemoryQuotas:
     """Counts in this process: the store without Redis, and the fallback while Redis is down.
 
     A fallback count goes on from the last count Redis gave, so an outage does not hand every
-    client a fresh day; what the replicas count meanwhile is not added up. One entry per client
-    name (only configured clients with a quota are counted).
+    client a fresh day. One entry per client name (only configured clients with a quota are
+    counted).
     """
 
     def __init__(self, clock: Clock) -> None:
@@ -103,12 +103,19 @@ return {used, (day + 1) * 86400000 - now_ms}
 
 
 class RedisQuotas:
-    """Counts shared by every replica: one EVALSHA per request, in-process while Redis is down."""
+    """Counts shared by every replica: one EVALSHA per request, in-process while Redis is down.
+
+    What a replica counted while Redis could not (down, or a script that refused to run late)
+    is owed to the shared count and added, once, with its next request that reaches Redis:
+    an outage neither loses those requests nor counts them twice.
+    """
 
     def __init__(self, link: RedisLink, clock: Clock) -> None:
         self.link = link
+        self.clock = clock
         self.local = MemoryQuotas(clock)
         self._spend = link.client.register_script(SPEND_SCRIPT)
+        self._owed: dict[str, tuple[int, int]] = {}  # client -> (day, requests not yet shared)
 
     def key(self, client: str) -> str:
         """The Redis key of `client`'s count."""
@@ -116,14 +123,19 @@ class RedisQuotas:
 
     async def spend(self, client: str, cost: int) -> Usage:
         keys = (self.key(client),)
+        day, _ = day_window(self.clock.wall())
+        owed_day, owed = self._owed.get(client, (day, 0))
+        total = cost + (owed if owed_day == day else 0)  # yesterday's debt went with its day
         result = await self.link.run(
-            lambda r: self._spend(keys=keys, args=(cost, self.link.not_after()), client=r)
+            lambda r: self._spend(keys=keys, args=(total, self.link.not_after()), client=r)
         )
         if result is not UNAVAILABLE and result[0] == LATE:
             self.link.resync()  # we were still waiting: our idea of Redis's clock is off
             result = UNAVAILABLE
         if result is UNAVAILABLE:
+            self._owed[client] = (day, total)
             return self.local.take(client, cost)
+        self._owed.pop(client, None)
         used, left_ms = int(result[0]), int(result[1])
         self.local.observe(client, used)
         return Usage(used, left_ms / 1000)

@@ -347,7 +347,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     if state.config.redis is not None:
         rc = state.config.redis
         state.redis = RedisLink(
-            rc.url, rc.key_prefix, timeout=rc.timeout, events=state.metrics, clock=state.clock
+            rc, rc.key_prefix, timeout=rc.timeout, events=state.metrics, clock=state.clock
         )
         state.metrics.redis_up.set(1)
     deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)

@@ -6,7 +6,7 @@ Labels are bounded: route, status class, outcome, reason, decision. Never query 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
 from prometheus_client.metrics_core import Metric
@@ -64,29 +64,31 @@ class RouteMetrics:
 
 
 class _OpenTime(Collector):
-    """Keeps `search_proxy_breaker_open_seconds` current: registered before that counter, it adds
-    the time each not-closed circuit has been so since the last look, at every scrape and every
-    transition, so an hour-long outage shows while it lasts, not only once it ends."""
+    """Keeps a seconds counter current (`search_proxy_breaker_open_seconds` per route, Redis's
+    degraded time): registered before that counter, it adds the time each key has been in its
+    counted state since the last look, at every scrape and every transition, so an hour-long
+    outage shows while it lasts, not only once it ends."""
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
-        self.counter: Counter | None = None
-        self.counted_to: dict[str, float] = {}  # route -> time counted up to, while not closed
+        self.counter: Callable[[str], Counter] | None = None  # the counter child of a key
+        self.counted_to: dict[str, float] = {}  # key -> time counted up to, while counted
 
-    def transition(self, route: str, state: str) -> None:
+    def transition(self, key: str, state: str) -> None:
+        """`key` (a route) entered `state`; time is counted in any state but closed."""
         self.catch_up()
         if state == "closed":
-            self.counted_to.pop(route, None)
+            self.counted_to.pop(key, None)
         else:
-            self.counted_to.setdefault(route, self.now())
+            self.counted_to.setdefault(key, self.now())
 
     def catch_up(self) -> None:
         if self.counter is None:
             return
         now = self.now()
-        for route, since in self.counted_to.items():
-            self.counter.labels(route).inc(max(0.0, now - since))
-            self.counted_to[route] = now
+        for key, since in self.counted_to.items():
+            self.counter(key).inc(max(0.0, now - since))
+            self.counted_to[key] = now
 
     def describe(self) -> Iterable[Metric]:
         return ()
@@ -208,7 +210,7 @@ class Metrics:
             ["route"],
             registry=r,
         )
-        self.open_time.counter = self.breaker_open_seconds
+        self.open_time.counter = self.breaker_open_seconds.labels
         self.breaker_probes = Counter(
             "search_proxy_breaker_probes",
             "Active probes the breaker sent while not closed (breaker.probe), by result: ok or "
@@ -275,6 +277,28 @@ class Metrics:
             ["to"],
             registry=r,
         )
+        self.redis_node = Gauge(
+            "search_proxy_redis_node",
+            "1 for each Redis node the link sends commands to, by address and role (standalone; "
+            "master: the master a Sentinel set names, or a cluster's masters).",
+            ["node", "role"],
+            registry=r,
+        )
+        self.redis_failovers = Counter(
+            "search_proxy_redis_failovers",
+            "Changes of the Redis master in use seen by this replica (a Sentinel or cluster "
+            "failover, or a cluster's masters changing).",
+            registry=r,
+        )
+        self.degraded_time = _OpenTime()
+        r.register(self.degraded_time)  # before its counter, as open_time
+        self.redis_degraded_seconds = Counter(
+            "search_proxy_redis_degraded_seconds",
+            "Seconds Redis was unreachable and shared state ran in-process, current at each "
+            "scrape.",
+            registry=r,
+        )
+        self.degraded_time.counter = lambda _: self.redis_degraded_seconds
         self.routes: dict[str, RouteMetrics] = {}
 
     def route(self, name: str) -> RouteMetrics:
@@ -337,3 +361,12 @@ class Metrics:
     def redis_state(self, up: bool) -> None:
         self.redis_up.set(1 if up else 0)
         self.redis_transitions.labels("up" if up else "down").inc()
+        self.degraded_time.transition("redis", "closed" if up else "down")
+
+    def redis_nodes(self, nodes: Sequence[tuple[str, str]]) -> None:
+        self.redis_node.clear()
+        for address, role in nodes:
+            self.redis_node.labels(address, role).set(1)
+
+    def redis_failover(self) -> None:
+        self.redis_failovers.inc()

@@ -35,11 +35,10 @@ async def check_startup(config: Config) -> None:
     redis: RedisLink | None = None
     if config.redis is not None:
         try:  # the client parses its URL's options here; it connects only on the first command
-            redis = RedisLink(
-                config.redis.url, config.redis.key_prefix, timeout=config.redis.timeout
-            )
+            redis = RedisLink(config.redis, config.redis.key_prefix, timeout=config.redis.timeout)
         except ValueError as exc:
-            errors.append(ConfigError("redis.url", f"start-up cannot use it: {exc}"))
+            where = "redis" if config.redis.url is None else "redis.url"
+            errors.append(ConfigError(where, f"start-up cannot use it: {exc}"))
     try:
         async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
             deps = Deps(config, session, SYSTEM_CLOCK, metrics, redis)

@@ -993,11 +993,11 @@ async def test_entries_live_in_redis_under_the_route_with_ttl_plus_stale_ttl(
     clock = ManualClock()
     await replica(links[0], clock).handle(make_flow(clock), Vendor(ok()))
     k = key(QUERY)
-    assert await raw.keys("test:*") == [f"test:cache:{k}".encode()]
+    assert await raw.keys("test:*") == [f"test:cache:{{{k}}}".encode()]
     assert k.startswith("tavily:")
-    pttl = await raw.pttl(f"test:cache:{k}")
+    pttl = await raw.pttl(f"test:cache:{{{k}}}")
     assert (CFG.ttl + CFG.stale_ttl) * 1000 - 1000 < pttl <= (CFG.ttl + CFG.stale_ttl) * 1000
-    stored = Entry.from_bytes(await raw.get(f"test:cache:{k}"))
+    stored = Entry.from_bytes(await raw.get(f"test:cache:{{{k}}}"))
     assert stored.body == BODY and stored.stored_at == clock.wall()
 
 
@@ -1071,7 +1071,7 @@ async def test_a_follower_on_another_replica_waits_for_the_leaders_entry(
     gate = asyncio.Event()
     vendor = Vendor(ok(), gate=gate)  # one vendor behind both replicas
     leader = asyncio.create_task(a.handle(make_flow(SYSTEM_CLOCK), vendor))
-    lock = f"test:cache-lock:{key(QUERY)}"
+    lock = f"test:cache-lock:{{{key(QUERY)}}}"
     await eventually(lambda: raw.exists(lock))
     follower = asyncio.create_task(b.handle(make_flow(clock_b), vendor))
     await asyncio.sleep(0.05)
@@ -1093,7 +1093,7 @@ async def test_a_follower_waits_at_most_lock_wait_then_calls_the_vendor(
     clock = ManualClock()
     cache = replica(links[1], clock, cfg=replace(CFG, lock_wait=0.5))
     # A leader on another replica that never finishes.
-    await raw.set(f"test:cache-lock:{key(QUERY)}", b"1", px=60_000)
+    await raw.set(f"test:cache-lock:{{{key(QUERY)}}}", b"1", px=60_000)
     vendor = Vendor(ok())
     reply = await cache.handle(make_flow(clock), vendor)
     assert vendor.calls == 1 and reply.headers["X-Cache"] == "MISS"
@@ -1106,7 +1106,7 @@ async def test_a_followers_wait_is_capped_by_its_deadline(
 ) -> None:
     clock = ManualClock()
     cache = replica(links[1], clock, cfg=replace(CFG, lock_wait=5.0))
-    await raw.set(f"test:cache-lock:{key(QUERY)}", b"1", px=60_000)
+    await raw.set(f"test:cache-lock:{{{key(QUERY)}}}", b"1", px=60_000)
     vendor = Vendor(ok())
     await cache.handle(make_flow(clock, deadline_in=0.2), vendor)
     assert vendor.calls == 1 and sum(clock.sleeps) == pytest.approx(0.2)
@@ -1117,7 +1117,7 @@ async def test_a_follower_stops_waiting_when_the_leader_gives_up_without_an_entr
 ) -> None:
     clock = ManualClock()
     cache = replica(links[1], clock, cfg=replace(CFG, lock_wait=100.0))
-    lock = f"test:cache-lock:{key(QUERY)}"
+    lock = f"test:cache-lock:{{{key(QUERY)}}}"
     await raw.set(lock, b"1", px=60_000)
     vendor = Vendor(ok())
     follower = asyncio.create_task(cache.handle(make_flow(clock), vendor))
@@ -1135,7 +1135,7 @@ async def test_a_no_cache_follower_does_not_take_the_entry_it_already_refused(
     cfg = replace(CFG, lock_wait=0.1)
     a, b = replica(links[0], clock, cfg), replica(links[1], clock, cfg)
     await a.handle(make_flow(clock), Vendor(ok(b'{"v":1}')))
-    await raw.set(f"test:cache-lock:{key(QUERY)}", b"1", px=60_000)
+    await raw.set(f"test:cache-lock:{{{key(QUERY)}}}", b"1", px=60_000)
     vendor_b = Vendor(ok(b'{"v":2}'))
     reply = await b.handle(make_flow(clock, headers={"Cache-Control": "no-cache"}), vendor_b)
     assert reply.body == b'{"v":2}' and vendor_b.calls == 1
@@ -1162,7 +1162,7 @@ async def test_clear_removes_the_routes_entries_in_both_tiers_and_nothing_else(
     await other.handle(make_flow(clock), vendor)
     assert await cache.clear() == Cleared(local=3, shared=3)
     assert [k.decode() for k in await raw.keys("test:*")] == [
-        f"test:cache:{key(QUERY, route='tavily-eu')}"
+        f"test:cache:{{{key(QUERY, route='tavily-eu')}}}"
     ]
     await cache.handle(make_flow(clock, b'{"query": "q0"}'), vendor)
     assert vendor.calls == 5

@@ -4,10 +4,14 @@ Redis stores, and the bound on per-client rate-limit buckets under a flood of ma
 
 from __future__ import annotations
 
+import asyncio
+import os
+import signal
 import time
 
 import pytest
 from multidict import CIMultiDict, CIMultiDictProxy
+from redis.asyncio import Redis
 
 from policies.core.clock import ManualClock
 from policies.core.errors import QuotaExceeded, RateLimited
@@ -279,6 +283,32 @@ async def test_while_redis_is_down_the_count_goes_on_from_the_last_shared_one(
         assert not link.up
     finally:
         await link.close()
+
+
+async def test_what_replicas_counted_while_redis_stalled_is_added_once_when_it_answers(
+    killable_redis: RedisServer,
+) -> None:
+    links = [RedisLink(killable_redis.url, "test", timeout=0.05, retry_interval=0.05) for _ in "ab"]
+    a, b = (RedisQuotas(link, ManualClock(wall_start=time.time())) for link in links)
+    raw = Redis.from_url(killable_redis.url)
+    assert killable_redis.proc is not None
+    try:
+        assert [(await q.spend("agent-a", 1)).used for q in (a, b, a)] == [1, 2, 3]
+        os.kill(killable_redis.proc.pid, signal.SIGSTOP)  # data kept, commands pile up
+        try:
+            assert [(await q.spend("agent-a", 1)).used for q in (a, a, b)] == [4, 5, 3]
+            await asyncio.sleep(0.3)  # past the deadline the piled-up scripts carry
+        finally:
+            os.kill(killable_redis.proc.pid, signal.SIGCONT)
+        await asyncio.sleep(0.1)  # both links' retry_interval
+        # Each replica's next request brings what it counted alone: 3 + 2 + 1 + 1 + 1.
+        assert (await a.spend("agent-a", 1)).used == 6
+        assert (await b.spend("agent-a", 1)).used == 8
+        assert await raw.hget("test:quota:agent-a", "used") == b"8"
+    finally:
+        await raw.aclose()
+        for link in links:
+            await link.close()
 
 
 # --- per-client buckets stay bounded ----------------------------------------------------------

@@ -46,6 +46,7 @@ from proxy.config import load_config, parse_duration
 from proxy.metrics import BREAKER_STATES, STATUS_CLASSES
 from testkit.fakevendor import Fault
 from testkit.procs import Child, free_port
+from testkit.redisha import PROXY_COMMANDS
 from tests.conftest import route
 
 REPO = Path(__file__).resolve().parent.parent
@@ -809,6 +810,45 @@ def test_kubernetes_config_passes_check_config(
     assert (config.server.admin_host, config.server.admin_port) == ("127.0.0.1", 8081)
     assert config.routes["firecrawl"].prefix == "/v2"
     assert not config.routes["firecrawl"].strip_prefix
+
+
+def readme_redis_blocks() -> list[str]:
+    """The `redis:` YAML blocks of deploy/README.md's section on a highly available Redis."""
+    text = (DEPLOY / "README.md").read_text()
+    section = text.split("## Redis highly available", 1)[1].split("\n## ", 1)[0]
+    return re.findall(r"```yaml\n(redis:\n.*?)```", section, re.S)
+
+
+def test_the_readmes_sentinel_and_cluster_blocks_pass_check_config_in_the_kubernetes_config(
+    builds: dict[str, list[dict[str, Any]]], monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Each documented `redis:` block, in place of the base's, in the ConfigMap's config with the
+    pod's environment and REDIS_PASSWORD: check-config (which builds the link) accepts it."""
+    docs = builds["base"]
+    shipped = find(docs, "ConfigMap")[0]["data"]["config.yaml"]
+    # The base's section: its `redis:` line and the indented (or blank) lines under it.
+    section = re.compile(r"^redis:.*\n(?:(?:[ #].*)?\n)*", re.M)
+    assert section.search(shipped)
+    for name, value in proxy_env(docs).items():
+        monkeypatch.setenv(name, value)
+    monkeypatch.setenv("REDIS_PASSWORD", DUMMY_SECRET)
+    topologies = []
+    for block in readme_redis_blocks():
+        path = tmp_path / "config.yaml"
+        path.write_text(section.sub(lambda _, b=block: b + "\n", shipped, count=1))
+        assert cli.main(["check-config", str(path)]) == 0, block
+        redis = load_config(path).redis
+        assert redis is not None and redis.password == DUMMY_SECRET
+        topologies.append(redis.topology)
+    assert topologies == ["sentinel", "cluster"]
+
+
+def test_the_documented_acl_rule_is_the_one_the_tests_run_the_proxy_as() -> None:
+    rule = re.search(
+        r"ACL SETUSER search-proxy on >\.\.\. (.*)", (DEPLOY / "README.md").read_text()
+    )
+    assert rule is not None
+    assert rule.group(1).strip() == f"~search-proxy:* &search-proxy:* {PROXY_COMMANDS}"
 
 
 def test_the_shipped_admin_token_is_a_placeholder_start_up_refuses(

@@ -31,7 +31,6 @@ from policies.mcp.lifecycle import HANDSHAKE_S, SessionLifecycle
 from policies.mcp.offline import OfflineSessions, noting
 from policies.mcp.sessions import Recent
 from proxy.config import ConfigErrors, parse_config
-from testkit.redisserver import RedisServer
 
 TAVILY = McpConfig(
     idempotent_tools=frozenset(KNOWN_SERVERS["tavily"].idempotent_tools),
@@ -212,26 +211,18 @@ async def test_a_session_is_its_openers_and_an_unknown_one_its_first_users() -> 
     assert "alice" not in repr(owners.local._items) and "s-1" not in repr(owners.local._items)
 
 
-@pytest.fixture
-async def two_replicas(redis_server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
-    a, b = RedisLink(redis_server.url, "test"), RedisLink(redis_server.url, "test")
-    yield a, b
-    await a.close()
-    await b.close()
-
-
 async def test_replicas_share_the_owner_of_a_session_through_redis(
-    two_replicas: tuple[RedisLink, RedisLink], redis_server: RedisServer
+    links: tuple[RedisLink, RedisLink],
 ) -> None:
     clock = ManualClock()
-    a, b = (SessionOwners("m", 100, 60.0, clock, link) for link in two_replicas)
+    a, b = (SessionOwners("m", 100, 60.0, clock, link) for link in links)
     await a.bind("s-1", "alice")
     assert not await b.allows("s-1", "bob")  # opened on a, refused on b
     assert await b.allows("s-1", "alice")
     assert await b.allows("s-2", "bob")  # unknown everywhere: bound on b to bob ...
     assert not await a.allows("s-2", "alice")  # ... and a knows it
     await a.forget("s-2")
-    raw = two_replicas[0].client
+    raw = links[0].client
     stored = [k async for k in raw.scan_iter("test:mcp-session:*")]
     assert len(stored) == 1 and b"s-1" not in stored[0]  # digests only
     assert 0 < await raw.ttl(stored[0]) <= 60

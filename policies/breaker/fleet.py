@@ -11,13 +11,18 @@ from collections.abc import Callable
 from typing import Final, NamedTuple
 
 import structlog
-from redis.exceptions import RedisError
 
 from policies.breaker.config import RECORD_TTL
 from policies.breaker.machine import Change, Circuit
 from policies.breaker.snapshot import Snapshot, parse_snapshot, snapshot_from_hash
 from policies.core.clock import Clock
-from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
+from policies.core.redislink import (
+    LATE,
+    LATE_GUARD_LUA,
+    REDIS_FAILURES,
+    UNAVAILABLE,
+    RedisLink,
+)
 
 log = structlog.get_logger("search_proxy.breaker")
 
@@ -34,7 +39,8 @@ _RECORD_TTL_MS: Final = int(RECORD_TTL * 1000)
 
 _WRITE_LUA: Final = """
 -- KEYS[1] state hash; KEYS[2..] probe slots, freed by every shared transition.
--- ARGV: state, since_us, opened_us, failures, origin, channel, message, ttl_ms, level
+-- ARGV: state, since_us, opened_us, failures, origin, channel, message, ttl_ms, level,
+-- publish command (SPUBLISH on a cluster: the channel shares the keys' hash tag).
 -- Last writer wins by (since, origin), the order Snapshot.newer_than uses.
 local current = redis.call('HMGET', KEYS[1], 'since', 'origin')
 local since, new = tonumber(current[1] or '0'), tonumber(ARGV[2])
@@ -43,7 +49,7 @@ redis.call('HSET', KEYS[1], 'state', ARGV[1], 'since', ARGV[2], 'opened_at', ARG
            'failures', ARGV[4], 'origin', ARGV[5], 'level', ARGV[9])
 redis.call('PEXPIRE', KEYS[1], ARGV[8])
 if #KEYS > 1 then redis.call('DEL', unpack(KEYS, 2)) end
-redis.call('PUBLISH', ARGV[6], ARGV[7])
+redis.call(ARGV[10], ARGV[6], ARGV[7])
 return 1
 """
 
@@ -84,6 +90,7 @@ class RedisBreakerState:
         self._write = link.client.register_script(_WRITE_LUA)
         self._acquire = link.client.register_script(_ACQUIRE_LUA)
         self._release = link.client.register_script(_RELEASE_LUA)
+        self._publish = link.publish_command
         self._tokens = itertools.count()
         self._instance = secrets.token_hex(6)
         # Python 3.11's wait_for (inside redis-py) can swallow a cancel, so the background
@@ -93,7 +100,7 @@ class RedisBreakerState:
     async def write(self, snap: Snapshot) -> bool:
         """Store and publish `snap` unless Redis holds newer; False if Redis is unreachable."""
         fields = (snap.state, snap.since_us, snap.opened_us, snap.failures, snap.origin)
-        args = (*fields, self.channel, snap.encode(), _RECORD_TTL_MS, snap.level)
+        args = (*fields, self.channel, snap.encode(), _RECORD_TTL_MS, snap.level, self._publish)
         keys = [self.key, *self.slots]
         result = await self._link.run(lambda r: self._write(keys=keys, args=args, client=r))
         return result is not UNAVAILABLE
@@ -140,20 +147,18 @@ class RedisBreakerState:
 
         Sets `ready` once the first subscription attempt has ended, whether or not Redis is up.
         """
-        pubsub = self._link.client.pubsub()
+        subscription = self._link.subscription(self.channel)
         lost = False
         try:
             while self.running:
                 try:
-                    if not pubsub.subscribed:
+                    if not subscription.subscribed:
                         try:
-                            await pubsub.subscribe(self.channel)
+                            await subscription.subscribe()
                         finally:
                             ready.set()
-                    message = await pubsub.get_message(
-                        ignore_subscribe_messages=True, timeout=retry_every
-                    )
-                except (RedisError, OSError) as exc:
+                    data = await subscription.get(retry_every)
+                except REDIS_FAILURES as exc:
                     if not lost:
                         lost = True
                         log.warning("breaker_subscription_lost", route=self._route, error=str(exc))
@@ -164,13 +169,12 @@ class RedisBreakerState:
                     log.info("breaker_subscription_resumed", route=self._route)
                     # Messages published during the outage are gone: read the record now.
                     resync()
-                if message is not None and message.get("type") == "message":
-                    snap = parse_snapshot(message["data"])
+                if data is not None:
+                    snap = parse_snapshot(data)
                     if snap is not None:
                         apply(snap)
         finally:
-            with contextlib.suppress(RedisError, OSError):
-                await pubsub.aclose()  # type: ignore[no-untyped-call]  # redis-py: unannotated
+            await subscription.close()
 
 
 class Fleet:

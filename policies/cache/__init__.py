@@ -23,7 +23,7 @@ from policies.cache.key import (
     request_directives,
     session_traffic,
 )
-from policies.cache.lock import FetchLock, Lease, LockState, LockStore, Poll
+from policies.cache.lock import FetchLock, Found, Lease, LockAsk, LockState, LockStore, Poll
 from policies.cache.policy import StaleCache
 from policies.cache.store import (
     CacheStore,
@@ -51,9 +51,11 @@ __all__ = [
     "Directives",
     "Entry",
     "FetchLock",
+    "Found",
     "Freshness",
     "KnownCredentials",
     "Lease",
+    "LockAsk",
     "LockState",
     "LockStore",
     "MemoryStore",

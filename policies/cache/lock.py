@@ -4,6 +4,7 @@ shared tier for its entry, for at most `lock_wait`, before they call the vendor 
 from __future__ import annotations
 
 import enum
+import itertools
 import math
 import secrets
 from typing import NamedTuple, Protocol
@@ -29,6 +30,26 @@ class Lease(NamedTuple):
 
 
 NO_LEASE = Lease(LockState.ABSENT)
+
+
+class LockAsk(NamedTuple):
+    """A request for the fetch lock, sent along with the lookup: the owner token to take it
+    under, for at most `ttl` seconds."""
+
+    token: str
+    ttl: float
+
+    def lease(self, state: LockState) -> Lease:
+        """The lease this ask got when the store answered `state`."""
+        return Lease(state, self.token) if state is LockState.ACQUIRED else Lease(state)
+
+
+class Found(NamedTuple):
+    """What a lookup found: the newest entry (None: none), and the fetch lock it took for an
+    entry that was missing or not fresh (NO_LEASE when none was asked for or needed)."""
+
+    entry: Entry | None
+    lease: Lease = NO_LEASE
 
 
 class Poll(NamedTuple):
@@ -75,15 +96,24 @@ class FetchLock:
         self.cfg = cfg
         self.clock = clock
         self.poll_interval = poll_interval
+        # Owner tokens: unique per process and request, cheaper than random bytes per lookup.
+        self._instance = secrets.token_hex(6)
+        self._tokens = itertools.count()
+
+    def ask(self, deadline: float) -> LockAsk | None:
+        """A request for the lock, to send with a lookup; None when `lock_wait` is 0 or the
+        caller has no time left to use it."""
+        if self.cfg.lock_wait <= 0 or deadline <= self.clock.now():
+            return None
+        return LockAsk(f"{self._instance}:{next(self._tokens)}", self.cfg.lock_wait)
 
     async def acquire(self, key: str, deadline: float) -> Lease:
         """Take the lock for `key`; ABSENT when `lock_wait` is 0, there is no shared tier, or
         the caller has no time left to use it."""
-        if self.cfg.lock_wait <= 0 or deadline <= self.clock.now():
+        ask = self.ask(deadline)
+        if ask is None:
             return NO_LEASE
-        token = secrets.token_hex(8)
-        state = await self.store.lock(key, token, self.cfg.lock_wait)
-        return Lease(state, token) if state is LockState.ACQUIRED else Lease(state)
+        return ask.lease(await self.store.lock(key, ask.token, ask.ttl))
 
     async def wait(
         self, key: str, deadline: float, seen: Entry | None

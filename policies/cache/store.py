@@ -5,14 +5,13 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from functools import partial
 from typing import Any, Final, NamedTuple, Protocol
 
 import structlog
 
 from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry
-from policies.cache.lock import LockState, LockStore, Poll
+from policies.cache.lock import NO_LEASE, Found, LockAsk, LockState, LockStore, Poll
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
 
@@ -30,9 +29,10 @@ class CacheStore(LockStore, Protocol):
     """Where entries live, and the fetch locks (`LockStore`); stores only move bytes, the policy
     decides."""
 
-    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
-        """The newest entry for `key`; a later tier is asked only when the first tier's
-        entry was not stored after `fresh_after` (wall seconds)."""
+    async def lookup(self, key: str, fresh_after: float, ask: LockAsk | None = None) -> Found:
+        """The newest entry for `key` and, when it was not stored after `fresh_after` (wall
+        seconds: not fresh) and `ask` is given, the fetch lock, in one round trip; a later
+        tier is asked only when the first tier's entry is not fresh."""
         ...
 
     async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
@@ -92,8 +92,9 @@ class MemoryStore:
         _, size = self._entries.pop(key)
         self._bytes -= size
 
-    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
-        return self.peek(key)
+    async def lookup(self, key: str, fresh_after: float, ask: LockAsk | None = None) -> Found:
+        # One process: the policy's in-flight map already makes one fetch per key.
+        return Found(self.peek(key))
 
     async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         self.keep(key, entry)
@@ -116,6 +117,29 @@ class MemoryStore:
         return Cleared(local=len(doomed), shared=None)
 
 
+# An entry's bytes start with its version (1) and stored_at, a big-endian double (entry.py).
+_FRESH_LUA: Final = """
+local function fresh(entry, after)
+  if not entry or string.byte(entry, 1) ~= 1 then return false end
+  return struct.unpack('>d', entry, 2) > tonumber(after)
+end
+"""
+
+_LOOKUP_LUA: Final = (
+    LATE_GUARD_LUA
+    + _FRESH_LUA
+    + """
+-- KEYS[1] the entry, KEYS[2] its fetch lock (one hash tag: one cluster slot).
+-- ARGV: fresh after (wall s), owner token ('': no lock asked), ttl ms, not-after ms.
+-- {entry or nil, 1: lock taken | 0: another owner holds it | -1: LATE | 2: none asked or needed}
+local entry = redis.call('GET', KEYS[1])
+if ARGV[2] == '' or fresh(entry, ARGV[1]) then return {entry, 2} end
+if too_late(ARGV[4]) then return {entry, -1} end
+if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return {entry, 1} end
+return {entry, 0}
+"""
+)
+
 _LOCK_LUA: Final = (
     LATE_GUARD_LUA
     + """
@@ -133,26 +157,48 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('DEL', KEYS[1]) 
 return 0
 """
 
+# The entry is written before the lock goes, so a waiting replica that sees the lock gone
+# also sees the entry.
+_STORE_LUA: Final = """
+-- KEYS[1] the entry, KEYS[2] its fetch lock; ARGV: entry bytes, px, owner token.
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+if redis.call('GET', KEYS[2]) == ARGV[3] then redis.call('DEL', KEYS[2]) end
+return 1
+"""
+
+_POLL_LUA: Final = """
+-- KEYS[1] the entry, KEYS[2] its fetch lock: {entry or nil, whether the lock is held}.
+return {redis.call('GET', KEYS[1]), redis.call('EXISTS', KEYS[2])}
+"""
+
+_LOCK_STATES: Final = {1: LockState.ACQUIRED, 0: LockState.HELD}
+
 
 class RedisStore:
-    """The shared tier. Entries at `<prefix>:cache:<route>:<sha256>` (SET PX ttl+stale_ttl),
-    fetch locks at `<prefix>:cache-lock:<route>:<sha256>` (an owner token, SET NX PX, from a
-    script that takes nothing after its caller gave up). Redis down = a miss."""
+    """The shared tier. Entries at `<prefix>:cache:{<route>:<sha256>}` (SET PX ttl+stale_ttl),
+    fetch locks at `<prefix>:cache-lock:{<route>:<sha256>}` (an owner token, SET NX PX, from a
+    script that takes nothing after its caller gave up): one hash tag, so one script reads the
+    entry and takes the lock, and one stores it and frees the lock, on a cluster too. Redis
+    down = a miss."""
 
     def __init__(self, link: RedisLink, retain: float, clock: Clock) -> None:
         self.link = link
         self.retain = retain
         self.clock = clock
-        self._lock = link.client.register_script(_LOCK_LUA)
-        self._unlock = link.client.register_script(_UNLOCK_LUA)
+        client = link.client
+        self._lookup = client.register_script(_LOOKUP_LUA)
+        self._lock = client.register_script(_LOCK_LUA)
+        self._unlock = client.register_script(_UNLOCK_LUA)
+        self._store = client.register_script(_STORE_LUA)
+        self._poll = client.register_script(_POLL_LUA)
 
     def entry_key(self, key: str) -> str:
         """The Redis key holding the entry for cache key `key`."""
-        return self.link.key("cache", key)
+        return self.link.key("cache", f"{{{key}}}")
 
     def lock_key(self, key: str) -> str:
         """The Redis key of the fetch lock for cache key `key`."""
-        return self.link.key("cache-lock", key)
+        return self.link.key("cache-lock", f"{{{key}}}")
 
     def _decode(self, raw: Any) -> Entry | None:
         if raw is None or raw is UNAVAILABLE:
@@ -163,9 +209,23 @@ class RedisStore:
             log.warning("cache_entry_unreadable", detail=str(exc)[:200])
             return None
 
-    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
-        name = self.entry_key(key)
-        return self._decode(await self.link.run(lambda r: r.get(name)))
+    async def lookup(self, key: str, fresh_after: float, ask: LockAsk | None = None) -> Found:
+        keys = [self.entry_key(key), self.lock_key(key)]
+        token, ttl_ms = ("", 0) if ask is None else (ask.token, max(1, math.ceil(ask.ttl * 1000)))
+        after = repr(fresh_after) if math.isfinite(fresh_after) else "1e308"
+        found = await self.link.run(
+            lambda r: self._lookup(
+                keys=keys, args=[after, token, ttl_ms, self.link.not_after()], client=r
+            )
+        )
+        if found is UNAVAILABLE:
+            return Found(None)
+        raw, state = found
+        if state == LATE:
+            # We were still waiting, so our idea of Redis's clock is off: measure it again.
+            self.link.resync()
+        lock = _LOCK_STATES.get(int(state), LockState.ABSENT)
+        return Found(self._decode(raw), NO_LEASE if ask is None else ask.lease(lock))
 
     async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         px = math.ceil((entry.stored_at + self.retain - self.clock.wall()) * 1000)
@@ -173,19 +233,12 @@ class RedisStore:
             if unlock is not None:
                 await self.unlock(key, unlock)
             return
-        name, data, lock = self.entry_key(key), entry.to_bytes(), self.lock_key(key)
-
-        async def store(r: Any) -> Any:
-            if unlock is None:
-                return await r.set(name, data, px=px)
-            # The entry is written before the lock goes, so a waiting replica that sees the
-            # lock gone also sees the entry. (Two keys in two cluster slots: no one script.)
-            async with r.pipeline(transaction=False) as pipe:
-                pipe.set(name, data, px=px)
-                await self._unlock(keys=[lock], args=[unlock], client=pipe)
-                return await pipe.execute()
-
-        await self.link.run(store)
+        name, data = self.entry_key(key), entry.to_bytes()
+        if unlock is None:
+            await self.link.run(lambda r: r.set(name, data, px=px))
+            return
+        keys, args = [name, self.lock_key(key)], (data, px, unlock)
+        await self.link.run(lambda r: self._store(keys=keys, args=args, client=r))
 
     async def lock(self, key: str, token: str, ttl: float) -> LockState:
         name, px = self.lock_key(key), max(1, math.ceil(ttl * 1000))
@@ -201,15 +254,8 @@ class RedisStore:
         return LockState.ACQUIRED if got == 1 else LockState.HELD
 
     async def poll(self, key: str) -> Poll:
-        name, lock = self.entry_key(key), self.lock_key(key)
-
-        async def look(r: Any) -> Any:
-            async with r.pipeline(transaction=False) as pipe:
-                pipe.get(name)
-                pipe.exists(lock)
-                return await pipe.execute()
-
-        found = await self.link.run(look)
+        keys = [self.entry_key(key), self.lock_key(key)]
+        found = await self.link.run(lambda r: self._poll(keys=keys, args=[], client=r))
         if found is UNAVAILABLE:
             return Poll(None, held=False)
         return Poll(self._decode(found[0]), held=bool(found[1]))
@@ -220,27 +266,8 @@ class RedisStore:
 
     async def clear(self, route: str) -> Cleared:
         # Route names are [a-z0-9_-], so the pattern has no glob characters but the last.
-        pattern = self.link.key("cache", route) + ":*"
-
-        async def scan(r: Any, cursor: int) -> Any:
-            return await r.scan(cursor, match=pattern, count=500)
-
-        async def unlink(r: Any, names: list[bytes]) -> Any:
-            return await r.unlink(*names)
-
-        cursor, removed = 0, 0
-        while True:
-            page = await self.link.run(partial(scan, cursor=cursor))
-            if page is UNAVAILABLE:
-                return Cleared(local=0, shared=None)
-            cursor, names = page
-            if names:
-                n = await self.link.run(partial(unlink, names=names))
-                if n is UNAVAILABLE:
-                    return Cleared(local=0, shared=None)
-                removed += n
-            if cursor == 0:
-                return Cleared(local=0, shared=removed)
+        removed = await self.link.unlink_matching(self.link.key("cache", f"{{{route}:*"))
+        return Cleared(local=0, shared=None if removed is UNAVAILABLE else removed)
 
 
 class TieredStore:
@@ -250,15 +277,16 @@ class TieredStore:
         self.local = local
         self.shared = shared
 
-    async def get(self, key: str, fresh_after: float = -math.inf) -> Entry | None:
+    async def lookup(self, key: str, fresh_after: float, ask: LockAsk | None = None) -> Found:
         entry = self.local.peek(key)
         if entry is not None and entry.stored_at > fresh_after:
-            return entry
-        remote = await self.shared.get(key)
+            return Found(entry)
+        found = await self.shared.lookup(key, fresh_after, ask)
+        remote = found.entry
         if remote is not None and (entry is None or remote.stored_at > entry.stored_at):
             self.local.keep(key, remote)
-            return remote
-        return entry
+            return found
+        return Found(entry, found.lease)
 
     async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         self.local.keep(key, entry)

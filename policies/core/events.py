@@ -6,6 +6,7 @@ implementation (see proxy.metrics.Metrics). `NullEvents` is the do-nothing defau
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Protocol
 
 from policies.core.outcome import Outcome
@@ -53,6 +54,12 @@ class Events(Protocol):
     def redis_state(self, up: bool) -> None:
         """Redis became reachable (True) or unreachable (False); shared state degrades meanwhile."""
 
+    def redis_nodes(self, nodes: Sequence[tuple[str, str]]) -> None:
+        """The Redis nodes in use are now these (address, role) pairs."""
+
+    def redis_failover(self) -> None:
+        """The master in use changed (Sentinel promoted another, or a cluster's did)."""
+
 
 class NullEvents:
     """Events that go nowhere (tests and tools that do not care)."""
@@ -94,4 +101,10 @@ class NullEvents:
         pass
 
     def redis_state(self, up: bool) -> None:
+        pass
+
+    def redis_nodes(self, nodes: Sequence[tuple[str, str]]) -> None:
+        pass
+
+    def redis_failover(self) -> None:
         pass

@@ -1,4 +1,5 @@
-"""The one Redis connection that shared state (buckets, breakers, cache) goes through.
+"""The one Redis connection that shared state (buckets, breakers, cache) goes through, whichever
+Redis it is: one server, a Sentinel-managed master (followed through failovers) or a cluster.
 
 Redis is an optimisation, never a dependency: every call has a tight timeout, a failure marks
 the link down for `retry_interval` (callers use their in-process state meanwhile), and the
@@ -12,19 +13,21 @@ a breaker probe slot) take `not_after()` and refuse to act past it, on Redis's o
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import enum
 from collections.abc import Awaitable, Callable
-from typing import Final, TypeVar
+from functools import partial
+from typing import Any, Final, TypeVar
 
 import structlog
 from redis.asyncio import Redis
-from redis.asyncio.retry import Retry
-from redis.backoff import NoBackoff
-from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import RedisError
+from redis.asyncio.client import PubSub
+from redis.asyncio.cluster import ClusterPubSub, RedisCluster
+from redis.exceptions import RedisClusterException, RedisError
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.events import Events, NullEvents
+from policies.core.redisclient import RedisConfig, connect, nodes_in_use
 
 T = TypeVar("T")
 log = structlog.get_logger("search_proxy.redis")
@@ -43,6 +46,10 @@ class _Unavailable(enum.Enum):
 
 
 UNAVAILABLE: Final = _Unavailable.UNAVAILABLE
+
+# What "Redis could not be used" looks like: redis-py's errors, its cluster client's own (a
+# slot no node serves during a failover is not a RedisError), sockets and timeouts.
+REDIS_FAILURES: Final = (RedisError, RedisClusterException, OSError, TimeoutError)
 
 # How often the offset between our clock and Redis's is measured again (clocks drift or step).
 OFFSET_MAX_AGE = 60.0
@@ -64,30 +71,31 @@ end
 """
 
 
+_SCAN_PAGE = 500  # keys a SCAN page asks for: small enough to stay within the link's timeout
+# How often the link looks again at which nodes it talks to (a failover moves them).
+_NODES_MAX_AGE = 1.0
+
+
 class RedisLink:
-    """A redis.asyncio client with tight timeouts and an up/down state shared by all stores."""
+    """A redis.asyncio client with tight timeouts and an up/down state shared by all stores.
+
+    `where` is a `RedisConfig` or, for a single server, its URL. On a cluster every key one
+    script touches shares a {hash tag}, and breaker news goes over sharded pub/sub.
+    """
 
     def __init__(
         self,
-        url: str,
-        key_prefix: str,
+        where: str | RedisConfig,
+        key_prefix: str = "search-proxy",
         *,
         timeout: float = 0.1,
         retry_interval: float = 1.0,
         events: Events | None = None,
         clock: Clock = SYSTEM_CLOCK,
     ) -> None:
-        # redis-py's defaults (5 s timeouts, 10 retries) stall a request for seconds against a
-        # dead server; 100 ms and one retry fail in milliseconds. The retry covers a pooled
-        # connection a restarted Redis dropped; never a timeout, whose command may still run,
-        # so resending it would queue it twice.
-        self.client: Redis = Redis.from_url(
-            url,
-            socket_timeout=timeout,
-            socket_connect_timeout=timeout,
-            retry=Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
-            health_check_interval=0,
-        )
+        self.config = RedisConfig(url=where) if isinstance(where, str) else where
+        self.client: Redis | RedisCluster = connect(self.config, timeout)
+        self.cluster = isinstance(self.client, RedisCluster)
         self.prefix = key_prefix
         self.timeout = timeout
         self.retry_interval = retry_interval
@@ -97,6 +105,14 @@ class RedisLink:
         self._next_probe = 0.0
         self._offset: float | None = None  # Redis TIME minus the real monotonic clock
         self._offset_at = 0.0
+        self._nodes: tuple[tuple[str, str], ...] = ()
+        self._nodes_at = -_NODES_MAX_AGE
+
+    @property
+    def publish_command(self) -> str:
+        """What a script announces breaker news with: sharded on a cluster, where a plain
+        PUBLISH would travel to every node."""
+        return "SPUBLISH" if self.cluster else "PUBLISH"
 
     def key(self, *parts: str) -> str:
         """A namespaced key: `<prefix>:<part>:<part>`."""
@@ -105,6 +121,11 @@ class RedisLink:
     @property
     def up(self) -> bool:
         return self._up
+
+    @property
+    def nodes(self) -> tuple[tuple[str, str], ...]:
+        """(address, role) of the nodes in use when last looked at."""
+        return self._nodes
 
     def usable(self) -> bool:
         """Whether to try Redis now: always when up, once per retry_interval when down."""
@@ -128,7 +149,7 @@ class RedisLink:
         caller that was still waiting)."""
         self._offset = None
 
-    async def run(self, op: Callable[[Redis], Awaitable[T]]) -> T | _Unavailable:
+    async def run(self, op: Callable[[Any], Awaitable[T]]) -> T | _Unavailable:
         """Run `op` against Redis, or return UNAVAILABLE at once when Redis is down."""
         if not self.usable():
             return UNAVAILABLE
@@ -140,7 +161,7 @@ class RedisLink:
                 if self._offset is None or SYSTEM_CLOCK.now() - self._offset_at > OFFSET_MAX_AGE:
                     await self._measure_offset()
                 value = await op(self.client)
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return UNAVAILABLE
         self.mark_up()
@@ -164,22 +185,146 @@ class RedisLink:
             self.events.redis_state(False)
 
     def mark_up(self) -> None:
-        """Record a successful call; logs and reports only the transition."""
+        """Record a successful call; logs and reports only the transition, and notices the
+        nodes in use changing (a failover)."""
         if not self._up:
             self._up = True
             log.info("redis_recovered")
             self.events.redis_state(True)
+            self._nodes_at = -_NODES_MAX_AGE
+        if self.clock.now() - self._nodes_at >= _NODES_MAX_AGE:
+            self._look_at_nodes()
+
+    def _look_at_nodes(self) -> None:
+        self._nodes_at = self.clock.now()
+        found = nodes_in_use(self.client, self.config)
+        if not found or found == self._nodes:
+            return
+        before = {address for address, _ in self._nodes}
+        if before and before != {address for address, _ in found}:
+            log.warning(
+                "redis_master_changed",
+                before=sorted(before),
+                now=sorted(address for address, _ in found),
+            )
+            self.events.redis_failover()
+        self._nodes = found
+        self.events.redis_nodes(found)
 
     async def ping(self) -> bool:
         """A direct reachability check (readiness), not gated by the down interval."""
         try:
             async with asyncio.timeout(self.timeout * 3):
                 await self.client.ping()
-        except (RedisError, OSError, TimeoutError) as exc:
+        except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return False
         self.mark_up()
         return True
 
+    def subscription(self, channel: str) -> Subscription:
+        """Messages published on `channel` (sharded on a cluster)."""
+        return Subscription(self, channel)
+
+    async def unlink_matching(self, pattern: str) -> int | _Unavailable:
+        """Remove every key matching `pattern` (SCAN, page by page, on every master), each page
+        within the link's timeout; the count removed, or UNAVAILABLE if Redis stopped answering."""
+        removed = 0
+        if isinstance(self.client, RedisCluster):
+            targets: list[Any] = list(self.client.get_primaries())
+        else:
+            targets = [None]
+        for node in targets:
+            cursor = 0
+            while True:
+                found = await self.run(partial(_scan, cursor=cursor, node=node, pattern=pattern))
+                if found is UNAVAILABLE:
+                    return UNAVAILABLE
+                cursor, names = found
+                if names:
+                    n = await self.run(partial(_unlink, names=names))
+                    if n is UNAVAILABLE:
+                        return UNAVAILABLE
+                    removed += n
+                if cursor == 0:
+                    break
+        return removed
+
     async def close(self) -> None:
         await self.client.aclose()
+
+
+async def _scan(client: Any, *, cursor: int, node: Any, pattern: str) -> tuple[int, list[bytes]]:
+    """One SCAN page: of the one server, or of cluster master `node` (whose cursor redis-py
+    keys by node name)."""
+    if node is None:
+        found, names = await client.scan(cursor, match=pattern, count=_SCAN_PAGE)
+        return int(found), list(names)
+    cursors, names = await client.scan(cursor, match=pattern, count=_SCAN_PAGE, target_nodes=node)
+    return int(cursors[node.name]), list(names)
+
+
+async def _unlink(client: Any, *, names: list[bytes]) -> int:
+    # A cluster client splits the names by slot.
+    return int(await client.unlink(*names))
+
+
+class Subscription:
+    """One channel's messages. A failed connection is dropped whole and the next `get`
+    subscribes afresh, on whichever node serves the channel then (a failover moves it)."""
+
+    def __init__(self, link: RedisLink, channel: str) -> None:
+        self._link = link
+        self.channel = channel
+        self._pubsub: PubSub | ClusterPubSub | None = None
+
+    @property
+    def subscribed(self) -> bool:
+        return self._pubsub is not None
+
+    async def subscribe(self) -> None:
+        """Subscribe now; one of REDIS_FAILURES when Redis cannot be reached."""
+        if self._pubsub is not None:
+            return
+        client = self._link.client
+        pubsub = client.pubsub()
+        try:
+            if isinstance(pubsub, ClusterPubSub):
+                await pubsub.ssubscribe(self.channel)
+            else:
+                await pubsub.subscribe(self.channel)
+        except BaseException:
+            await _close(pubsub)
+            raise
+        self._pubsub = pubsub
+
+    async def get(self, wait: float) -> bytes | None:
+        """The next message's data, or None after `wait` s without one (subscribing first if
+        need be); one of REDIS_FAILURES when the connection fails, which is then dropped."""
+        try:
+            await self.subscribe()
+            pubsub = self._pubsub
+            assert pubsub is not None
+            if isinstance(pubsub, ClusterPubSub):
+                message = await pubsub.get_sharded_message(
+                    ignore_subscribe_messages=True, timeout=wait
+                )
+            else:
+                message = await pubsub.get_message(ignore_subscribe_messages=True, timeout=wait)
+        except REDIS_FAILURES:
+            await self.close()
+            raise
+        if message is None or message.get("type") not in ("message", "smessage"):
+            return None
+        data: bytes = message["data"]
+        return data
+
+    async def close(self) -> None:
+        pubsub, self._pubsub = self._pubsub, None
+        if pubsub is not None:
+            await _close(pubsub)
+
+
+async def _close(pubsub: PubSub | ClusterPubSub) -> None:
+    with contextlib.suppress(*REDIS_FAILURES):
+        await pubsub.aclose()

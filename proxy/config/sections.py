@@ -3,6 +3,7 @@ server is, as frozen dataclasses with their parsers. Routes and their policies a
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from types import MappingProxyType
@@ -10,6 +11,14 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from policies.core.profile import VendorProfile
+from policies.core.redisclient import (
+    DEFAULT_URL,
+    ClusterNodes,
+    RedisConfig,
+    RedisTls,
+    SentinelService,
+    host_port,
+)
 from policies.core.route import RouteConfig
 from policies.core.settings import (
     Collector,
@@ -19,6 +28,7 @@ from policies.core.settings import (
     duration_at_most,
     fields,
     host,
+    is_host,
     join,
     one_line,
     one_of,
@@ -61,13 +71,6 @@ class ServerConfig:
     send_timeout: float = 60.0
     client_keepalive_timeout: float = 75.0
     max_connections: int = 1000
-
-
-@dataclass(frozen=True)
-class RedisConfig:
-    url: str = "redis://127.0.0.1:6379/0"
-    key_prefix: str = "search-proxy"
-    timeout: float = 0.1
 
 
 @dataclass(frozen=True)
@@ -152,22 +155,114 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
 
 
 def parse_redis(raw: Any, path: str) -> RedisConfig:
-    cfg = section(
-        raw,
-        path,
-        RedisConfig,
-        {"url": text, "key_prefix": text, "timeout": positive_duration},
-    )
-    where = join(path, "url")
+    """`redis:`: one server by `url` (the default), `sentinel` or `cluster`, exactly one."""
+    parsers = {
+        "url": text,
+        "sentinel": _sentinel,
+        "cluster": _cluster,
+        "username": one_line,
+        "password": one_line,
+        "tls": _tls,
+        "key_prefix": text,
+        "timeout": positive_duration,
+    }
+    values = fields(raw, path, parsers)
+    chosen = [k for k in ("url", "sentinel", "cluster") if k in values]
+    if len(chosen) > 1:
+        raise ConfigError(
+            join(path, chosen[1]),
+            f"give one of url, sentinel and cluster, not {' and '.join(chosen)}",
+        )
+    cfg = RedisConfig(**values) if chosen else RedisConfig(url=DEFAULT_URL, **values)
+    if cfg.username is not None and cfg.password is None:
+        raise ConfigError(join(path, "username"), "an ACL user needs its password too")
+    if cfg.url is not None:
+        _check_url(cfg, join(path, "url"))
+    return cfg
+
+
+def _check_url(cfg: RedisConfig, where: str) -> None:
+    url = cfg.url
+    assert url is not None
     try:
-        parts = urlsplit(cfg.url)
+        parts = urlsplit(url)
         port = parts.port
     except ValueError as exc:  # `redis://[::1`, a port out of range or not a number
-        raise ConfigError(where, f"{exc}: {redact_url(cfg.url)!r}") from None
+        raise ConfigError(where, f"{exc}: {redact_url(url)!r}") from None
     if parts.scheme not in ("redis", "rediss", "unix"):
-        raise ConfigError(where, f"expected a redis:// URL, got {redact_url(cfg.url)!r}")
+        raise ConfigError(where, f"expected a redis:// URL, got {redact_url(url)!r}")
     if port == 0:
-        raise ConfigError(where, f"port must be from 1 to 65535: {redact_url(cfg.url)!r}")
+        raise ConfigError(where, f"port must be from 1 to 65535: {redact_url(url)!r}")
+    if cfg.tls is not None and parts.scheme != "rediss":
+        raise ConfigError(where, f"with tls, use a rediss:// URL, got {redact_url(url)!r}")
+    if cfg.password is not None and (parts.password or "password=" in parts.query):
+        raise ConfigError(where, "the URL has a password and so has redis.password: keep one")
+
+
+def _address(value: Any, path: str) -> str:
+    """`host:port` of a Redis node or sentinel."""
+    found = text(value, path)
+    try:
+        name, number = host_port(found, 0)
+    except ValueError:
+        name, number = "", 0
+    if not is_host(name) or not 1 <= number <= 65535:
+        raise ConfigError(path, f"expected host:port, got {found!r}")
+    return found
+
+
+def _addresses(value: Any, path: str) -> tuple[str, ...]:
+    found = texts(value, path)
+    if not found:
+        raise ConfigError(path, "expected at least one host:port")
+    return tuple(_address(v, f"{path}[{i}]") for i, v in enumerate(found))
+
+
+def _sentinel(raw: Any, path: str) -> SentinelService:
+    parsers = {
+        "hosts": _addresses,
+        "service": one_line,
+        "db": whole_in(0, 65535),
+        "username": one_line,
+        "password": one_line,
+    }
+    cfg = section(raw, path, SentinelService, parsers, required=("hosts", "service"))
+    if cfg.username is not None and cfg.password is None:
+        raise ConfigError(join(path, "username"), "an ACL user needs its password too")
+    return cfg
+
+
+def _cluster(raw: Any, path: str) -> ClusterNodes:
+    return section(raw, path, ClusterNodes, {"nodes": _addresses}, required=("nodes",))
+
+
+def _readable(value: Any, path: str) -> str:
+    """A file start-up can read (a certificate or a key)."""
+    found = text(value, path)
+    if not os.path.isfile(found) or not os.access(found, os.R_OK):
+        raise ConfigError(path, f"no readable file at {found!r}")
+    return found
+
+
+def _tls(raw: Any, path: str) -> RedisTls | None:
+    """`tls: true`, or the files: `{ca_file, cert_file, key_file, check_hostname}`."""
+    if not isinstance(raw, dict):
+        try:
+            return RedisTls() if boolean(raw, path) else None
+        except ConfigError:
+            raise ConfigError(path, f"expected true, false or a mapping, got {raw!r}") from None
+    parsers = {
+        "ca_file": _readable,
+        "cert_file": _readable,
+        "key_file": _readable,
+        "check_hostname": boolean,
+    }
+    cfg = section(raw, path, RedisTls, parsers)
+    if (cfg.cert_file is None) != (cfg.key_file is None):
+        missing = "key_file" if cfg.key_file is None else "cert_file"
+        raise ConfigError(
+            join(path, missing), "a client certificate needs both cert_file and key_file"
+        )
     return cfg
 
 

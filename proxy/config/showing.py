@@ -47,12 +47,16 @@ def as_document(config: Config) -> dict[str, Any]:
 def redacted(config: Config) -> dict[str, Any]:
     """`as_document(config)` with secrets replaced by "<redacted>", a placeholder to fill in:
     credential-named server settings (admin_token), the Redis URL's userinfo and credential
-    parameters (`?password=`), every `headers.set` value, and a custom profile's
+    parameters (`?password=`), Redis passwords, every `headers.set` value, and a custom profile's
     credential-named search headers and fields (the rule of policies/core/credentials.py)."""
     doc = as_document(config)
     _redact_keys(doc["server"])
-    if "redis" in doc:
-        doc["redis"]["url"] = redact_url(doc["redis"]["url"])
+    redis = doc.get("redis", {})
+    if "url" in redis:
+        redis["url"] = redact_url(redis["url"])
+    for holder in (redis, redis.get("sentinel", {})):
+        if "password" in holder:
+            holder["password"] = REDACTED
     for route in doc["routes"].values():
         route["headers"]["set"] = dict.fromkeys(route["headers"]["set"], REDACTED)
     for client in doc.get("clients", {}).values():
@@ -66,7 +70,7 @@ def redacted(config: Config) -> dict[str, Any]:
 def secret_values(config: Config) -> tuple[str, ...]:
     """The secrets a config holds, for the logs to hide wherever they turn up: every
     `headers.set` value (and the token after its scheme, `Bearer <token>`), the admin token,
-    the Redis URL's passwords, clients' tokens, and profiles' credential-named values."""
+    Redis's passwords (URL and keys), clients' tokens, and profiles' credential-named values."""
     found: list[str] = []
     for route in config.routes.values():
         for value in route.headers.set.values():
@@ -74,9 +78,11 @@ def secret_values(config: Config) -> tuple[str, ...]:
     if config.server.admin_token:
         found.append(config.server.admin_token)
     if config.redis is not None:
-        parts = urlsplit(config.redis.url)
-        found += (parts.password or "", parts.username or "")
-        found += (v for k, v in parse_qsl(parts.query) if is_credential_name(k))
+        found += config.redis.secrets
+        if config.redis.url is not None:
+            parts = urlsplit(config.redis.url)
+            found += (parts.password or "", parts.username or "")
+            found += (v for k, v in parse_qsl(parts.query) if is_credential_name(k))
     found += (client.token for client in config.clients.values())
     for profile in config.profiles.values():
         for key, value in (*profile.search_headers.items(), *profile.search_extra.items()):

@@ -18,7 +18,7 @@ import pytest
 from redis.asyncio import Redis
 
 from policies.breaker import RedisBreakerState
-from policies.cache import CacheConfig, FetchLock, LockState, RedisStore
+from policies.cache import CacheConfig, FetchLock, Found, LockAsk, LockState, RedisStore
 from policies.core.clock import SYSTEM_CLOCK
 from policies.core.redislink import RedisLink
 from policies.ratelimit import Grant, RedisBuckets
@@ -189,19 +189,19 @@ async def test_after_a_redis_stall_a_burst_does_not_wait_on_locks_nobody_holds(
         return await client.post("/v/search", json={"query": query})
 
     assert (await search(a, "warm a")).status == (await search(b, "warm b")).status == 200
-    # Replica a's burst reaches Redis, and Redis freezes between their cache lookups and their
-    # fetch locks: the moment that left ownerless locks behind.
+    # Replica a's burst reaches Redis, and Redis freezes as their cache lookups, which take the
+    # fetch locks, arrive: the moment that left ownerless locks behind.
     store = a.app[STATE].routes["v"].cache.store.shared
-    take_lock: Callable[..., Awaitable[LockState]] = store.lock
+    look_up: Callable[..., Awaitable[Found]] = store.lookup
     frozen = asyncio.Event()
 
-    async def lock_then_freeze(key: str, token: str, ttl: float) -> LockState:
+    async def freeze_then_look_up(key: str, fresh_after: float, ask: LockAsk | None) -> Found:
         if not frozen.is_set():
             frozen.set()
             freeze(killable_redis)
-        return await take_lock(key, token, ttl)
+        return await look_up(key, fresh_after, ask)
 
-    store.lock = lock_then_freeze
+    store.lookup = freeze_then_look_up
     queries = [f"query {i}" for i in range(20)]
     try:
         replies = await asyncio.gather(*(search(a, q) for q in queries))

@@ -1,0 +1,155 @@
+"""Where shared state lives (one Redis by URL, the master a Sentinel set names, or a cluster) and
+the redis-py client that reaches it: tight timeouts, one retry for a connection Redis dropped,
+never a resend after a timeout; the nodes in use, for metrics."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Final
+from urllib.parse import urlsplit
+
+from redis.asyncio import Redis
+from redis.asyncio.cluster import ClusterNode, RedisCluster
+from redis.asyncio.retry import Retry
+from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
+from redis.backoff import NoBackoff
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
+CLUSTER_SLOTS: Final = 16384
+
+
+@dataclass(frozen=True)
+class RedisTls:
+    """`redis.tls`: the CA that signs the servers' certificates (none: the system's), and a
+    client certificate for servers that ask for one."""
+
+    ca_file: str | None = None
+    cert_file: str | None = None
+    key_file: str | None = None
+    check_hostname: bool = True  # off for nodes announced by an address their certificate lacks
+
+
+@dataclass(frozen=True)
+class SentinelService:
+    """`redis.sentinel`: the sentinels to ask, the service they watch, and their own login."""
+
+    hosts: tuple[str, ...]  # host:port
+    service: str
+    db: int = 0
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True)
+class ClusterNodes:
+    """`redis.cluster`: nodes to learn the cluster's layout from (any live one will do)."""
+
+    nodes: tuple[str, ...]  # host:port
+
+
+@dataclass(frozen=True)
+class RedisConfig:
+    """The `redis:` section: exactly one of `url`, `sentinel` and `cluster`, with the data nodes'
+    login and TLS."""
+
+    url: str | None = None
+    sentinel: SentinelService | None = None
+    cluster: ClusterNodes | None = None
+    username: str | None = None
+    password: str | None = field(default=None, repr=False)
+    tls: RedisTls | None = None
+    key_prefix: str = "search-proxy"
+    timeout: float = 0.1
+
+    @property
+    def topology(self) -> str:
+        """url, sentinel or cluster."""
+        if self.sentinel is not None:
+            return "sentinel"
+        return "url" if self.cluster is None else "cluster"
+
+    @property
+    def secrets(self) -> tuple[str, ...]:
+        """The passwords it holds (besides the URL's), for the logs to hide."""
+        found = [self.password, self.sentinel.password if self.sentinel else None]
+        return tuple(s for s in found if s)
+
+
+def host_port(address: str, default_port: int) -> tuple[str, int]:
+    """`host:port` (`[::1]:6379` for IPv6) as a pair; ValueError when it is not one."""
+    parts = urlsplit(f"//{address}")
+    if not parts.hostname or parts.path or parts.query or parts.username or parts.password:
+        raise ValueError(f"expected host:port, got {address!r}")
+    return parts.hostname, parts.port or default_port
+
+
+class _Cluster(RedisCluster):
+    """A cluster client that retries only a dropped connection: redis-py also resends after a
+    timeout and waits out a CLUSTERDOWN, and a command sent twice may run twice."""
+
+    ERRORS_ALLOW_RETRY = (RedisConnectionError,)  # type: ignore[assignment]  # a narrower tuple
+
+
+def connect(config: RedisConfig, timeout: float) -> Redis | RedisCluster:
+    """The client for `config`; it connects on its first command. ValueError for what the
+    client refuses (a URL option it does not know)."""
+    # redis-py's defaults (5 s timeouts, 10 retries) stall a request for seconds against a dead
+    # server; `timeout` and one retry fail in milliseconds. The retry covers a pooled connection
+    # a restarted Redis dropped; never a timeout, whose command may still run.
+    common: dict[str, Any] = {
+        "socket_timeout": timeout,
+        "socket_connect_timeout": timeout,
+        "health_check_interval": 0,
+        "retry": Retry(NoBackoff(), 1, supported_errors=(RedisConnectionError,)),
+    }
+    if config.username is not None:
+        common["username"] = config.username
+    if config.password is not None:
+        common["password"] = config.password
+    tls = _tls_options(config.tls)
+    if config.cluster is not None:
+        nodes = [ClusterNode(*host_port(n, 6379)) for n in config.cluster.nodes]
+        cluster_retry = Retry(NoBackoff(), 1)
+        return _Cluster(startup_nodes=nodes, **{**common, **tls, "retry": cluster_retry})
+    if config.sentinel is not None:
+        s = config.sentinel
+        asked = {k: v for k, v in common.items() if k.startswith("socket_")}
+        asked.update(tls)
+        if s.username is not None:
+            asked["username"] = s.username
+        if s.password is not None:
+            asked["password"] = s.password
+        sentinels = [host_port(h, 26379) for h in s.hosts]
+        manager = Sentinel(sentinels, sentinel_kwargs=asked, **common, **tls)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+        master: Redis = manager.master_for(s.service, db=s.db)
+        return master
+    assert config.url is not None
+    return Redis.from_url(config.url, **common, **({k: v for k, v in tls.items() if k != "ssl"}))
+
+
+def _tls_options(tls: RedisTls | None) -> dict[str, Any]:
+    if tls is None:
+        return {}
+    options: dict[str, Any] = {"ssl": True, "ssl_check_hostname": tls.check_hostname}
+    if tls.ca_file is not None:
+        options["ssl_ca_certs"] = tls.ca_file
+    if tls.cert_file is not None:
+        options["ssl_certfile"] = tls.cert_file
+    if tls.key_file is not None:
+        options["ssl_keyfile"] = tls.key_file
+    return options
+
+
+def nodes_in_use(client: Redis | RedisCluster, config: RedisConfig) -> tuple[tuple[str, str], ...]:
+    """(address, role) of each node the client sends commands to now, as far as it knows: the
+    server of a URL, the master the sentinels named last, or the cluster's masters."""
+    if isinstance(client, RedisCluster):
+        return tuple(sorted((n.name, "master") for n in client.get_primaries()))
+    pool = client.connection_pool
+    if isinstance(pool, SentinelConnectionPool):
+        found = pool.master_address
+        return () if found is None else ((f"{found[0]}:{found[1]}", "master"),)
+    kwargs = pool.connection_kwargs
+    where = kwargs.get("path") or f"{kwargs.get('host', 'localhost')}:{kwargs.get('port', 6379)}"
+    return ((str(where), "standalone"),)

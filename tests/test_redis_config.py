@@ -1,0 +1,214 @@
+"""The `redis:` section: one server by URL, a Sentinel-managed master or a cluster (exactly one),
+with an ACL user and TLS; every mistake named by its YAML path before anything listens; secrets
+never printed; the client redis-py builds for each, with the link's tight timeouts."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.sentinel import SentinelConnectionPool
+from redis.exceptions import RedisClusterException
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from policies.core.events import NullEvents
+from policies.core.redisclient import RedisConfig, connect, nodes_in_use
+from policies.core.redislink import UNAVAILABLE, RedisLink
+from proxy import cli
+from proxy.config import REDACTED, ConfigError, as_document, parse_config, redacted, secret_values
+from proxy.metrics import Metrics
+from testkit.certs import tls_files
+from testkit.redisserver import RedisServer
+
+ROUTES = {"routes": {"t": {"prefix": "/t", "upstream": "https://api.tavily.com"}}}
+
+
+def config(redis: Any) -> RedisConfig:
+    parsed = parse_config({"redis": redis, **ROUTES}, {})
+    assert parsed.redis is not None
+    return parsed.redis
+
+
+def error_of(redis: Any) -> str:
+    with pytest.raises(ConfigError) as info:
+        parse_config({"redis": redis, **ROUTES}, {})
+    return str(info.value)
+
+
+def test_an_empty_section_is_the_local_default_url() -> None:
+    assert config({}) == RedisConfig(url="redis://127.0.0.1:6379/0")
+
+
+def test_sentinel_and_cluster_sections() -> None:
+    tls = tls_files()
+    found = config(
+        {
+            "sentinel": {"hosts": ["s1:26379", "[::1]:26380"], "service": "mymaster", "db": 2},
+            "username": "proxy",
+            "password": "pw-0123456789",
+            "tls": {"ca_file": tls.ca, "cert_file": tls.client_cert, "key_file": tls.client_key},
+        }
+    )
+    assert found.topology == "sentinel" and found.url is None
+    assert found.sentinel is not None and found.sentinel.hosts == ("s1:26379", "[::1]:26380")
+    assert found.tls is not None and found.tls.check_hostname
+    found = config({"cluster": {"nodes": ["10.0.0.1:7000"]}, "tls": True})
+    assert found.topology == "cluster" and found.tls is not None and found.tls.ca_file is None
+
+
+@pytest.mark.parametrize(
+    ("redis", "message"),
+    [
+        (
+            {"url": "redis://h:6379", "cluster": {"nodes": ["h:7000"]}},
+            "redis.cluster: give one of url, sentinel and cluster, not url and cluster",
+        ),
+        ({"sentinel": {"hosts": ["h:26379"]}}, "redis.sentinel.service: required key is missing"),
+        ({"sentinel": {"hosts": [], "service": "m"}}, "redis.sentinel.hosts: expected at least"),
+        ({"cluster": {"nodes": ["h"]}}, "redis.cluster.nodes[0]: expected host:port, got 'h'"),
+        ({"cluster": {"nodes": ["h:0"]}}, "redis.cluster.nodes[0]: expected host:port"),
+        ({"cluster": {"nodes": ["a b:1"]}}, "redis.cluster.nodes[0]: expected host:port"),
+        ({"cluster": {"nodes": ["u:p@h:1"]}}, "redis.cluster.nodes[0]: expected host:port"),
+        ({"username": "proxy"}, "redis.username: an ACL user needs its password too"),
+        (
+            {"sentinel": {"hosts": ["h:1"], "service": "m", "username": "s"}},
+            "redis.sentinel.username: an ACL user needs its password too",
+        ),
+        ({"tls": True}, "redis.url: with tls, use a rediss:// URL, got 'redis://127.0.0.1"),
+        ({"tls": "yes please"}, "redis.tls: expected true, false or a mapping"),
+        (
+            {"url": "rediss://h", "tls": {"ca_file": "/nonexistent/ca.pem"}},
+            "redis.tls.ca_file: no readable file at '/nonexistent/ca.pem'",
+        ),
+        (
+            {"url": "rediss://h", "tls": {"cert_file": __file__}},
+            "redis.tls.key_file: a client certificate needs both cert_file and key_file",
+        ),
+        (
+            {"url": "redis://:pw-in-url-0123@h", "password": "pw-key-0123"},
+            "redis.url: the URL has a password and so has redis.password: keep one",
+        ),
+        ({"cluster": {"nodes": ["h:1"], "db": 1}}, "redis.cluster.db: unknown key"),
+    ],
+)
+def test_mistakes_name_their_yaml_path(redis: Any, message: str) -> None:
+    assert message in error_of(redis)
+
+
+def test_no_error_quotes_a_password() -> None:
+    assert "pw-0123" not in error_of({"password": ["pw-0123"]})
+    assert "pw-0123" not in error_of({"sentinel": {"hosts": ["h:1"], "password": ["pw-0123"]}})
+
+
+def test_check_config_prints_passwords_as_placeholders_and_loads_back(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    raw = {
+        "redis": {
+            "sentinel": {"hosts": ["s1:26379"], "service": "m", "password": "sentinel-pw-0123"},
+            "username": "proxy",
+            "password": "data-pw-0123456",
+        },
+        **ROUTES,
+    }
+    f = tmp_path / "c.yaml"
+    f.write_text(yaml.safe_dump(raw))
+    assert cli.check_config(str(f)) == 0
+    out = capsys.readouterr().out
+    assert "sentinel-pw-0123" not in out and "data-pw-0123456" not in out
+    shown = yaml.safe_load(out)["redis"]
+    assert shown["password"] == shown["sentinel"]["password"] == REDACTED
+    parsed = parse_config(raw, {})
+    assert parse_config(as_document(parsed), {}) == parsed
+    assert redacted(parsed)["redis"]["username"] == "proxy"
+    assert {"sentinel-pw-0123", "data-pw-0123456"} <= set(secret_values(parsed))
+
+
+def test_each_form_builds_redis_pys_own_client_with_tight_timeouts() -> None:
+    by_url = connect(config({"url": "redis://db:6380/1"}), 0.1)
+    assert isinstance(by_url, Redis) and not isinstance(by_url, RedisCluster)
+    assert by_url.connection_pool.connection_kwargs["socket_timeout"] == 0.1
+    assert nodes_in_use(by_url, RedisConfig()) == (("db:6380", "standalone"),)
+
+    sentinel = connect(config({"sentinel": {"hosts": ["s:26379"], "service": "m"}}), 0.1)
+    assert isinstance(sentinel, Redis)
+    pool = sentinel.connection_pool
+    assert isinstance(pool, SentinelConnectionPool) and pool.service_name == "m"
+    asked = pool.sentinel_manager.sentinels[0].connection_pool.connection_kwargs
+    assert asked["socket_timeout"] == asked["socket_connect_timeout"] == 0.1
+    assert nodes_in_use(sentinel, RedisConfig()) == ()  # no master asked for yet
+
+    cluster = connect(config({"cluster": {"nodes": ["c1:7000", "c2:7001"]}}), 0.1)
+    assert isinstance(cluster, RedisCluster)
+    assert [(n.host, n.port) for n in cluster.startup_nodes] == [("c1", 7000), ("c2", 7001)]
+    # A timed-out command may still run: only a dropped connection is retried, never a timeout.
+    assert cluster.ERRORS_ALLOW_RETRY == (cluster.ERRORS_ALLOW_RETRY[0],)
+    assert RedisTimeoutError not in cluster.ERRORS_ALLOW_RETRY
+
+
+async def test_a_cluster_clients_own_refusal_is_redis_unavailable_not_a_crash() -> None:
+    link = RedisLink("redis://127.0.0.1:1/0", "t")
+
+    async def cross_slot(client: Any) -> None:
+        raise RedisClusterException("EVALSHA - all keys must map to the same key slot")
+
+    try:
+        assert await link.run(cross_slot) is UNAVAILABLE
+        assert not link.up
+    finally:
+        await link.close()
+
+
+# --- what the link reports ---------------------------------------------------------------------
+
+
+class Recorded(NullEvents):
+    def __init__(self) -> None:
+        self.nodes: list[tuple[tuple[str, str], ...]] = []
+        self.failovers = 0
+
+    def redis_nodes(self, nodes: Sequence[tuple[str, str]]) -> None:
+        self.nodes.append(tuple(nodes))
+
+    def redis_failover(self) -> None:
+        self.failovers += 1
+
+
+async def test_the_link_reports_the_node_it_uses_once(redis_server: RedisServer) -> None:
+    events = Recorded()
+    link = RedisLink(redis_server.url, "t", events=events)
+    try:
+        for _ in range(3):
+            assert await link.run(lambda r: r.ping()) is True
+    finally:
+        await link.close()
+    assert events.nodes == [((f"127.0.0.1:{redis_server.port}", "standalone"),)]
+    assert events.failovers == 0
+
+
+def test_metrics_show_the_nodes_in_use_failovers_and_time_degraded() -> None:
+    now = [100.0]
+    metrics = Metrics()
+    metrics.degraded_time.now = lambda: now[0]
+
+    def sample(name: str, **labels: str) -> float | None:
+        return metrics.registry.get_sample_value(name, labels or None)
+
+    metrics.redis_nodes([("10.0.0.1:6379", "master")])
+    metrics.redis_state(False)
+    now[0] += 2.5
+    assert sample("search_proxy_redis_degraded_seconds_total") == 2.5  # while it lasts
+    now[0] += 1.0
+    metrics.redis_state(True)
+    now[0] += 60.0
+    assert sample("search_proxy_redis_degraded_seconds_total") == 3.5  # not while up
+    metrics.redis_failover()
+    metrics.redis_nodes([("10.0.0.2:6379", "master")])
+    assert sample("search_proxy_redis_failovers_total") == 1
+    assert sample("search_proxy_redis_node", node="10.0.0.2:6379", role="master") == 1
+    assert sample("search_proxy_redis_node", node="10.0.0.1:6379", role="master") is None
