@@ -76,17 +76,17 @@ async def _cancel(url: str, i: int) -> float:
 
 
 async def _gone(url: str, vendor_url: str) -> tuple[int, list[float]]:
-    """Vendor calls in the WINDOW_S after every client left or cancelled, and the cancels'
-    times to their answers."""
+    """Vendor calls in the WINDOW_S after every client left or cancelled (and the proxy had a
+    second to notice), and the cancels' times to their answers."""
     half = TRIALS // 2
-    left = [_leave(url, i) for i in range(half)]
-    cancelled = [_cancel(url, i) for i in range(TRIALS - half)]
-    results = await asyncio.gather(*left, *cancelled)
-    await asyncio.sleep(1.0)  # the proxy notices a client that left within a second
+    left = [asyncio.ensure_future(_leave(url, i)) for i in range(half)]
+    cancelled = [asyncio.ensure_future(_cancel(url, i)) for i in range(TRIALS - half)]
+    await asyncio.sleep(LEAVE_AFTER_S + 1.0)
     before = _vendor_calls(vendor_url)
     await asyncio.sleep(WINDOW_S)
     after = _vendor_calls(vendor_url)
-    return after - before, [r for r in results if isinstance(r, float)]
+    await asyncio.gather(*left)
+    return after - before, list(await asyncio.gather(*cancelled))
 
 
 async def _hanging(url: str) -> list[float]:
