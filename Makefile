@@ -8,8 +8,11 @@ RUN_STAMP  := $(VENV)/.run-$(SUM)
 TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
 TIER   ?=
+# The official TypeScript MCP SDK the suite drives agents with (tests/test_mcp_ts_client.py).
+MCP_TS_SDK := 1.32.2
+TS_SDK_STAMP := $(VENV)/node_modules/@modelcontextprotocol/sdk/package.json
 
-.PHONY: run test lint format bench venv redis-server deploy-tools browser check-config clean
+.PHONY: run test lint format bench venv redis-server deploy-tools browser ts-sdk check-config clean
 
 # `make run PORT=9000 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST and PORT override the
 # config's server section. `:=` ignores a PORT or HOST in the environment; the command line wins.
@@ -19,9 +22,9 @@ run: $(RUN_STAMP)
 	$(BIN)/search-proxy --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
 
 # Only the deploy tier (or the whole suite) needs promtool, prometheus and docker-compose; only
-# the e2e tier (or the whole suite) a browser.
+# the e2e tier (or the whole suite) a browser, node and the TypeScript MCP SDK.
 test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools) \
-		$(if $(filter-out e2e,$(TIER)),,browser)
+		$(if $(filter-out e2e,$(TIER)),,browser ts-sdk)
 	$(BIN)/pytest -q $(if $(TIER),-m $(TIER)) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
@@ -85,6 +88,15 @@ deploy-tools:
 # tests/test_status_page.py opens the admin listener's status page in a headless Chromium.
 browser:
 	@sh scripts/ensure-package.sh chromium chromium
+
+# node from Debian's package when missing; the SDK from npm into .venv/node_modules, only when
+# it is missing or another version (testkit/mcpts.mjs loads it from there).
+ts-sdk:
+	@sh scripts/ensure-package.sh node nodejs
+	@sh scripts/ensure-package.sh npm npm
+	@grep -qs '"version": "$(MCP_TS_SDK)"' $(TS_SDK_STAMP) || \
+		npm install --prefix $(VENV) --no-save --no-audit --no-fund --loglevel=error \
+			@modelcontextprotocol/sdk@$(MCP_TS_SDK)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -36,6 +36,7 @@ from proxy.forward import request_headers
 from proxy.generation import build_generation
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
+from proxy.oauth import is_oauth_path, oauth_answer
 from proxy.reload import RELOADER, Reloader, reload_endpoint
 from proxy.search_api import SearchTrace
 from proxy.series import Series
@@ -58,11 +59,13 @@ FETCH_LABEL = "/v1/fetch"
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
     """A short, stable hash of the caller's credentials, every header whose name is one
-    (policies/core/credentials.py); "" when it sent none."""
+    (policies/core/credentials.py) but Cookie; "" when it sent none. A cookie is state a server
+    handed the caller and may change under it (a load balancer's sticky cookie after an MCP
+    `initialize`): it would make a new caller of the same one."""
     parts = sorted(
         (name.lower(), value)
         for name, value in headers.items()
-        if value and is_credential_name(name)
+        if value and is_credential_name(name) and name.lower() != "cookie"
     )
     if not parts:
         return ""
@@ -116,7 +119,12 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     state = request.app[STATE]
     if request.method in REFUSED_METHODS:
         raise _refused_method(request.method)
-    route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    try:
+        route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    except NotFound:
+        if is_oauth_path(request.path):  # an MCP client looking for OAuth: say there is none
+            return oauth_answer(request.path, ex.request_id)
+        raise
     ex.name, ex.route = route.name, route
     ex.count_as(route.metrics)
     caller = None
@@ -283,7 +291,13 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
     assert mcp is not None  # built with the app
     caller = await mcp.admit(request)
     body = await read_body(request, state.config.server.max_body_bytes)
-    return await mcp.handle(request, body, ex.request_id, caller, trace)
+    who = caller.name if caller is not None else client_identity(request.headers)
+    # A tool call stops, with its vendor calls, once its client has gone.
+    watch = watch_agent(request)
+    try:
+        return await mcp.handle(request, body, ex.request_id, caller, trace, who)
+    finally:
+        watch.stop()
 
 
 async def openapi_endpoint(request: web.Request) -> web.Response:

@@ -27,6 +27,7 @@ from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Provider, SideRequest
+from policies.retry import Retry
 from proxy.config import Config
 from proxy.forward import Upstream
 from proxy.metrics import Metrics, RouteMetrics
@@ -169,9 +170,18 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     profile = read.profile
     mcp_cfg = cfg.get(mcp.SECTION)
     if mcp_cfg is not None:
-        # Tool calls of idempotent tools go through the chain; everything else straight up.
-        calls = compose(policies, mcp.McpUpstream(cfg.name, mcp_cfg, upstream, deps.clock))
-        handler = mcp.McpRoute(cfg.name, mcp_cfg, calls, upstream)
+        # Tool calls of idempotent tools go through the chain; a session's own messages
+        # through its retries; everything else straight up.
+        handler = mcp.build_route(
+            cfg.name,
+            mcp_cfg,
+            policies=policies,
+            upstream=upstream,
+            retry=next((p for p in policies if isinstance(p, Retry)), None),
+            clock=deps.clock,
+            redis=deps.redis,
+            cached=cfg.has("cache"),
+        )
         profile = None  # no vendor dialect: the answers are JSON-RPC
     return Route(
         config=cfg,

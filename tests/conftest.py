@@ -64,6 +64,7 @@ TIER_OF_MODULE = {
     "test_status_page": "e2e",
     "test_readme": "e2e",
     "test_redact": "unit",
+    "test_redirects": "unit",
     "test_retries": "integration",
     "test_sdks": "e2e",
     "test_sdk_errors": "e2e",
@@ -72,6 +73,7 @@ TIER_OF_MODULE = {
     "test_hedge": "unit",
     "test_hedge_e2e": "integration",
     "test_mcp_server": "integration",
+    "test_mcp_calls": "integration",
     "test_search_api": "integration",
     "test_search_e2e": "integration",
     "test_streams": "integration",
@@ -81,7 +83,9 @@ TIER_OF_MODULE = {
     "test_simplify": "unit",
     "test_mcp_policy": "unit",
     "test_mcp_route": "integration",
+    "test_mcp_sessions": "integration",
     "test_mcp2_client": "e2e",
+    "test_mcp_ts_client": "e2e",
 }
 
 

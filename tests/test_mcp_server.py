@@ -24,7 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from proxy.app import build_app
 from proxy.config import ConfigErrors, McpServerConfig, as_document, parse_config
-from proxy.mcp_server import ARGUMENTS, TOOL_NAME, refusal, render_text
+from proxy.mcp_server import refusal
+from proxy.mcp_tool import ARGUMENTS, TOOL_NAME, render_text
 from proxy.search_api import SearchApi
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from testkit.procs import free_port
@@ -629,7 +630,13 @@ def test_mcp_server_defaults_and_round_trip() -> None:
         ({"path": "/a b"}, "mcp_server.path", "cannot appear in a path prefix"),
         ({"path": "/tavily"}, "mcp_server.path", "collides with routes.tavily.prefix"),
         ({"path": "/brave/mcp"}, "mcp_server.path", "collides with routes.brave.prefix"),
-        ({"port": 8090}, "mcp_server.port", "unknown key (allowed: enabled, path, allow_remote)"),
+        ({"call_timeout": "0s"}, "mcp_server.call_timeout", "above 0 and at most 600s"),
+        ({"call_timeout": "1h"}, "mcp_server.call_timeout", "above 0 and at most 600s"),
+        (
+            {"port": 8090},
+            "mcp_server.port",
+            "unknown key (allowed: enabled, path, allow_remote, call_timeout)",
+        ),
     ],
 )
 def test_bad_mcp_server_values_name_the_yaml_path(section: Any, path: str, reason: str) -> None:

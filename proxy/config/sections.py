@@ -25,6 +25,7 @@ from policies.core.settings import (
     ConfigError,
     any_keys,
     boolean,
+    duration_at_most,
     fields,
     host,
     is_host,
@@ -44,6 +45,8 @@ from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
 from proxy.redact import redact_url
 
+# A tool call the proxy answers itself: past ten minutes no MCP client is still waiting.
+MAX_CALL_TIMEOUT = 600.0
 # Upper bounds of search_api.max_batch and max_calls_per_request: a batch is answered in one
 # response, and every call it makes holds an upstream connection.
 MAX_BATCH_LIMIT = 100
@@ -112,6 +115,9 @@ class McpServerConfig:
     path: str = "/mcp"
     # Without clients: tokens, only loopback peers are served unless this is true.
     allow_remote: bool = False
+    # One web_search call, every provider attempt included: well under the 60 s MCP clients
+    # wait by default, so the agent reads the proxy's answer rather than its own timeout.
+    call_timeout: float = 25.0
 
 
 @dataclass(frozen=True)
@@ -343,7 +349,16 @@ def _mcp_path(value: Any, path: str) -> str:
 def parse_mcp_server(raw: Any, path: str) -> dict[str, Any]:
     """`mcp_server:` as McpServerConfig's fields; an unset `enabled` is resolved by
     parse_config (on when there is a search provider)."""
-    return fields(raw, path, {"enabled": boolean, "path": _mcp_path, "allow_remote": boolean})
+    return fields(
+        raw,
+        path,
+        {
+            "enabled": boolean,
+            "path": _mcp_path,
+            "allow_remote": boolean,
+            "call_timeout": duration_at_most(MAX_CALL_TIMEOUT),
+        },
+    )
 
 
 def mcp_server_config(
