@@ -9,8 +9,12 @@ RUN_STAMP  := $(VENV)/.run-$(SUM)
 TEST_STAMP := $(VENV)/.test-$(SUM)
 CONFIG ?= config.yaml
 TIER   ?=
+# The official TypeScript MCP SDK the suite drives agents with (tests/test_mcp_ts_client.py).
+MCP_TS_SDK := 1.32.2
+TS_SDK_STAMP := $(VENV)/node_modules/@modelcontextprotocol/sdk/package.json
 
-.PHONY: run demo test lint format bench venv redis-server curl deploy-tools check-config clean
+.PHONY: run demo test lint format bench venv redis-server curl deploy-tools browser ts-sdk \
+	check-config clean
 
 # `make run PORT=9000 ADMIN_PORT=9001 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST, PORT
 # and ADMIN_PORT override the config's server section (a second instance needs both ports).
@@ -27,8 +31,10 @@ run: $(RUN_STAMP)
 demo: $(RUN_STAMP)
 	$(BIN)/python -m proxy.testing.demo$(LISTEN)
 
-# Only the deploy tier (or the whole suite) needs promtool and docker-compose.
-test: $(TEST_STAMP) redis-server curl $(if $(filter-out deploy,$(TIER)),,deploy-tools)
+# Only the deploy tier (or the whole suite) needs promtool, prometheus and docker-compose; only
+# the e2e tier (or the whole suite) a browser, node and the TypeScript MCP SDK.
+test: $(TEST_STAMP) redis-server curl $(if $(filter-out deploy,$(TIER)),,deploy-tools) \
+		$(if $(filter-out e2e,$(TIER)),,browser ts-sdk)
 	$(BIN)/pytest -q $(if $(TIER),-m $(TIER)) $(PYTEST_ARGS)
 
 lint: $(TEST_STAMP)
@@ -86,10 +92,25 @@ redis-server:
 curl:
 	@sh scripts/ensure-package.sh curl curl
 
-# promtool checks the alert rules; docker-compose checks the compose file (no engine needed).
+# promtool checks the alert rules and prometheus runs the dashboard's queries (one Debian
+# package); docker-compose checks the compose file (no engine needed).
 deploy-tools:
 	@sh scripts/ensure-package.sh promtool prometheus
+	@sh scripts/ensure-package.sh prometheus prometheus
 	@sh scripts/ensure-package.sh docker-compose docker-compose
+
+# tests/test_status_page.py opens the admin listener's status page in a headless Chromium.
+browser:
+	@sh scripts/ensure-package.sh chromium chromium
+
+# node from Debian's package when missing; the SDK from npm into .venv/node_modules, only when
+# it is missing or another version (testkit/mcpts.mjs loads it from there).
+ts-sdk:
+	@sh scripts/ensure-package.sh node nodejs
+	@sh scripts/ensure-package.sh npm npm
+	@grep -qs '"version": "$(MCP_TS_SDK)"' $(TS_SDK_STAMP) || \
+		npm install --prefix $(VENV) --no-save --no-audit --no-fund --loglevel=error \
+			@modelcontextprotocol/sdk@$(MCP_TS_SDK)
 
 clean:
 	rm -rf $(VENV) build *.egg-info

@@ -21,6 +21,7 @@ from bench import (
     burst,
     core,
     failover,
+    fetch,
     hedge,
     hostile,
     mcp,
@@ -49,6 +50,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "mcp": mcp.run,
     "mcproute": mcproute.run,
     "redis": redisha.run,
+    "fetch": fetch.run,
 }
 
 

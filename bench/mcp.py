@@ -12,7 +12,7 @@ new. The load client runs in this process, pinned to the non-proxy CPU. Three wa
   `streamable_http_client`, one initialized session: what an agent sees, the client's own work
   (pydantic models, the output-schema check of every result) included.
 
-Scenarios:
+Scenarios (then bench/mcpstop.py's: how long a call lives when every provider hangs):
 - sequential: SEQ_CALLS searches each way, one at a time, interleaved query by query (so drift
   hits all alike); p50 / p99 each and the differences to v1. Target: mcp-raw p50 within
   RAW_ADDED_P50_TARGET_MS of v1 (the server side of MCP); mcp-sdk for context.
@@ -37,6 +37,7 @@ from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from referencing import Registry
 
+from bench import mcpstop
 from bench.procs import Pinning, client_pinned, fake_vendor, get_json, proxy
 from bench.report import Figure, Scenario, at_most, percentile
 from bench.search import QUERIES
@@ -200,6 +201,7 @@ def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
         return
     emit(_sequential_scenario(sequential))
     emit(_concurrent_scenario(concurrent, wall, calls))
+    mcpstop.run(pinning, emit)
 
 
 def _sequential_scenario(samples: dict[str, list[tuple[float, bool]]]) -> Scenario:

@@ -126,13 +126,15 @@ def proxy_config(
     port: int,
     log_level: str = "warning",
     redis: dict[str, Any] | None = None,
+    **sections: Any,
 ) -> dict:
-    """A whole proxy config around `routes` (and `redis`, when given); request logs are off
-    unless log_level is info."""
+    """A whole proxy config around `routes` (and `redis`, and other top-level `sections`, when
+    given); request logs are off unless log_level is info."""
     config = {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s"},
         "log": {"level": log_level, "format": "json"},
         "routes": routes,
+        **sections,
     }
     if redis is not None:
         config["redis"] = redis
@@ -147,8 +149,10 @@ def proxy(
     log_level: str = "warning",
     timeout: float = 15.0,
     redis: dict[str, Any] | None = None,
+    **sections: Any,
 ) -> Iterator[tuple[str, Child]]:
     """`python -m proxy` on the proxy CPU, ready once /healthz answers; yields (url, child).
+    `sections` are top-level config sections besides the routes (`mcp_server`, ...).
 
     At log level warning the proxy prints no "listening" line, so the port is chosen here.
     Raises testkit.procs.StartError with the proxy's own output when it exits or does not answer.
@@ -156,7 +160,8 @@ def proxy(
     port = free_port()
     fd, config_path = tempfile.mkstemp(prefix="bench-proxy-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(proxy_config(routes, port=port, log_level=log_level, redis=redis), f)
+        config = proxy_config(routes, port=port, log_level=log_level, redis=redis, **sections)
+        yaml.safe_dump(config, f)
     try:
         with proxy_from_file(pinning, config_path, port=port, timeout=timeout) as started:
             yield started

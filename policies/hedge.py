@@ -81,6 +81,7 @@ class Hedge:
         profile: VendorProfile | None = None,
         retry_budget: Budget | None = None,
         fallback: Callable[[], Provider | None] | None = None,
+        window: LatencyWindow | None = None,
     ) -> None:
         self.route = route
         self.config = config
@@ -95,7 +96,8 @@ class Hedge:
         b = config.budget
         # The floor is for quiet routes: on a busy one, `ratio` is the whole of the extra load.
         self.budget = RetryBudget(b.ratio, b.min_per_s, clock, floor="least")
-        self.window = LatencyWindow(clock) if config.after == "auto" else None
+        # With `after: auto`, the route's recent attempt latencies (`window`: kept by a reload).
+        self.window = (window or LatencyWindow(clock)) if config.after == "auto" else None
 
     def hedgeable(self, flow: Flow) -> bool:
         """Whether sending this request twice is safe (a pure decision)."""
@@ -466,6 +468,9 @@ def build(cfg: HedgeConfig, route: Build) -> Hedge:
         profile=route.profile,
         retry_budget=route.retry_budget,
         fallback=(lambda: next(iter(first()), None)) if first is not None else None,
+        window=route.keep(
+            "hedge window", (cfg, route.route.upstream), lambda: LatencyWindow(route.clock)
+        ),
     )
 
 

@@ -123,6 +123,10 @@ class TokenBucket:
         """Seconds left in the current pause (0 when not paused)."""
         return max(0.0, self.paused_until - now)
 
+    def tokens(self, now: float) -> float:
+        """Tokens free at `now`; below 0 while future tokens are reserved (requests queue)."""
+        return self.burst - max(0.0, self.full_at - now) * self.rate
+
     def idle(self, now: float) -> bool:
         """Full and not paused: indistinguishable from a new bucket, so it may be dropped."""
         return self.full_at <= now and self.paused_until <= now
@@ -189,6 +193,11 @@ class MemoryBuckets:
         """Seconds left in bucket `key`'s pause."""
         bucket = self._buckets.get(key)
         return 0.0 if bucket is None else bucket.paused_for(self.clock.now())
+
+    def tokens(self, key: str) -> float:
+        """Tokens free in bucket `key` now (a bucket not made yet is full)."""
+        bucket = self._buckets.get(key)
+        return float(self.burst) if bucket is None else bucket.tokens(self.clock.now())
 
     def __len__(self) -> int:
         return len(self._buckets)
@@ -409,6 +418,13 @@ class RateLimit:
         per = " per client" if self._per_client else ""
         self._limit_text = f"rate limit of {_rate_text(config.rate)}{per}"
 
+    def tokens(self) -> float | None:
+        """Tokens in the route's bucket now, below 0 while requests queue for reserved ones;
+        None when there is no one bucket here to read (per client, or shared through Redis)."""
+        if self._per_client or not isinstance(self.store, MemoryBuckets):
+            return None
+        return self.store.tokens(self._route_key)
+
     def bucket_key(self, flow: Flow) -> str:
         """The bucket this request draws from: the route's, or its caller's."""
         if not self._per_client:
@@ -521,7 +537,13 @@ def build(cfg: RateLimitConfig, route: Build) -> RateLimit:
     profile = route.profile
     hint = profile_hint(profile, route.clock) if profile and profile.ratelimit_headers else None
     name = route.route.name
-    store = bucket_store(cfg, route.clock, route.redis, route=name, events=route.events)
+    # A reload keeps the buckets (tokens spent, pauses, queued reservations) while the section
+    # is unchanged.
+    store = route.keep(
+        "rate limit buckets",
+        cfg,
+        lambda: bucket_store(cfg, route.clock, route.redis, route=name, events=route.events),
+    )
     return RateLimit(name, cfg, store, route.clock, route.events, hint=hint or quota_hint())
 
 

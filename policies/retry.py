@@ -333,6 +333,17 @@ def document(cfg: RetryConfig) -> dict[str, Any]:
 SECTION = Section("retry", parse, document=document)
 
 
+def retry_reasons(cfg: RetryConfig) -> tuple[str, ...]:
+    """Every reason `Retry.reason` can give under this config, as the retries metric labels it:
+    its conditions, 429, 5xx and any other status it names."""
+    reasons = {condition.value for condition in cfg.on_conditions}
+    for status in cfg.on_statuses:
+        outcome = Outcome.of_status(status)
+        rated = outcome in (Outcome.RATE_LIMITED, Outcome.SERVER_ERROR)
+        reasons.add(outcome.value if rated else str(status))
+    return tuple(sorted(reasons))
+
+
 def build(cfg: RetryConfig, route: Build) -> Retry:
     """Every route runs its attempts through a Retry; without a section, one attempt."""
     retry = Retry(

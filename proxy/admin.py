@@ -20,13 +20,14 @@ from aiohttp import web
 from policies.breaker import Breaker
 from policies.cache import StaleCache
 from policies.core.errors import ProxyError
-from proxy.clients import is_loopback_host, token_problem
+from proxy.clients import hostname, is_loopback_host, token_problem
 from proxy.config import ConfigError, ConfigErrors, ServerConfig
 from proxy.dialects import error_response
-from proxy.errors import NotFound, Unauthorized
+from proxy.errors import Forbidden, NotFound, Unauthorized
 from proxy.pipeline import Route
 
 TOKEN_ENV = "SEARCH_PROXY_ADMIN_TOKEN"
+AdminHandler = Callable[[web.Request], Awaitable[web.Response]]
 
 
 def admin_token(server: ServerConfig, env: Mapping[str, str] = os.environ) -> str | None:
@@ -60,17 +61,35 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
-def authorize(remote: str | None, authorization: str, token: str | None) -> None:
-    """Raise Unauthorized unless this caller may use the admin endpoints (a pure decision)."""
+def authorize(
+    remote: str | None,
+    authorization: str,
+    token: str | None,
+    *,
+    host: str | None = None,
+    origin: str | None = None,
+) -> None:
+    """Raise Unauthorized unless this caller may use the admin endpoints (a pure decision).
+    Without a token, a loopback caller must also name a loopback `host`, and a browser page
+    (`origin`) be on one: a page elsewhere, its name rebound to 127.0.0.1 (DNS rebinding) or
+    posting across sites, is refused (Forbidden)."""
     if token:
         given = authorization.removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
             raise Unauthorized("admin endpoints need Authorization: Bearer <server.admin_token>")
-    elif not _is_loopback(remote):
+        return
+    if not _is_loopback(remote):
         raise Unauthorized(
             "admin endpoints are open to loopback callers only; set server.admin_token "
             f"(or {TOKEN_ENV}) to use them from elsewhere"
         )
+    page = hostname(origin.partition("://")[2].split("/", 1)[0]) if origin is not None else None
+    for name in (hostname(host) if host is not None else None, page):
+        if name is not None and not is_loopback_host(name):
+            raise Forbidden(
+                f"without server.admin_token the admin endpoints answer loopback names only, "
+                f"not {name!r}: open http://127.0.0.1:<admin_port>/ or set an admin token"
+            )
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -84,7 +103,7 @@ class Admin:
         self.routes = routes
         self.token = token or os.environ.get(TOKEN_ENV) or None
         # Named like the resources registered in proxy/app.py.
-        self._handlers: dict[str, Callable[[web.Request], Awaitable[web.Response]]] = {
+        self._handlers: dict[str, AdminHandler] = {
             "breakers": self.breakers,
             "reset_breaker": self.reset_breaker,
             "clear_cache": self.clear_cache,
@@ -110,9 +129,19 @@ class Admin:
 
     async def dispatch(self, request: web.Request) -> web.Response:
         """Authorize, then run the handler named by the matched resource; errors as JSON."""
+        return await self.answer(request, self._handlers[request.match_info.route.name or ""])
+
+    async def answer(self, request: web.Request, handler: AdminHandler) -> web.Response:
+        """Authorize the caller, then answer with `handler`; errors as JSON."""
         try:
-            authorize(request.remote, request.headers.get("Authorization", ""), self.token)
-            return await self._handlers[request.match_info.route.name or ""](request)
+            authorize(
+                request.remote,
+                request.headers.get("Authorization", ""),
+                self.token,
+                host=request.headers.get("Host"),
+                origin=request.headers.get("Origin"),
+            )
+            return await handler(request)
         except ProxyError as err:
             return error_response(err, request.headers.get("X-Request-Id", ""))
 

@@ -1,13 +1,14 @@
 """The aiohttp application: reserved endpoints, and the one handler every proxied request takes.
 
 Reserved paths, answered by the proxy itself on the main port: /healthz, /readyz, /metrics,
-/v1/search, /openapi.json, and the MCP server at mcp_server.path (/mcp); /admin/... only says
-where the admin listener is (`build_admin_app`). Config refuses route prefixes that collide with
-them.
+/v1/search, /v1/fetch, /openapi.json, and the MCP server at mcp_server.path (/mcp); /admin/...
+only says where the admin listener is (`build_admin_app`). Config refuses route prefixes that
+collide with them.
 """
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import logging
 from collections.abc import AsyncIterator
@@ -19,27 +20,29 @@ from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from policies import ratelimit
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError
 from policies.core.flow import Flow
 from policies.core.redislink import RedisLink
-from policies.quota import DailyQuota, quota_store
-from proxy.admin import Admin, admin_token
-from proxy.clients import ClientGate, keyless_routes
+from proxy import __version__
 from proxy.config import Config
 from proxy.dialects import error_response
+from proxy.direct import DirectHooks
 from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
+from proxy.fetch_api import FetchTrace
 from proxy.forward import request_headers
+from proxy.generation import build_generation
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
-from proxy.pipeline import Deps, build_route
-from proxy.routing import Router
-from proxy.search_api import SearchApi, SearchTrace
-from proxy.startup import warn_missing_keys
+from proxy.oauth import is_oauth_path, oauth_answer
+from proxy.reload import RELOADER, Reloader, reload_endpoint
+from proxy.search_api import SearchTrace
+from proxy.series import Series
 from proxy.state import STATE, ProxyState
+from proxy.status import Pulse
+from proxy.statuspage import status_endpoint, status_page
 
 __all__ = ["STATE", "build_admin_app", "build_app", "client_identity"]
 
@@ -51,17 +54,20 @@ REFUSED_METHODS = frozenset({"CONNECT", "TRACE", "TRACK"})
 ROUTE_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 # The route label /v1/search is counted under in the request metrics (/mcp: its path).
 SEARCH_LABEL = "/v1/search"
+FETCH_LABEL = "/v1/fetch"
 # Set on the admin endpoints' own application: its 404 lists them.
 ADMIN_LISTENER = web.AppKey("admin_listener", bool)
 
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
     """A short, stable hash of the caller's credentials, every header whose name is one
-    (policies/core/credentials.py); "" when it sent none."""
+    (policies/core/credentials.py) but Cookie; "" when it sent none. A cookie is state a server
+    handed the caller and may change under it (a load balancer's sticky cookie after an MCP
+    `initialize`): it would make a new caller of the same one."""
     parts = sorted(
         (name.lower(), value)
         for name, value in headers.items()
-        if value and is_credential_name(name)
+        if value and is_credential_name(name) and name.lower() != "cookie"
     )
     if not parts:
         return ""
@@ -115,7 +121,12 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     state = request.app[STATE]
     if request.method in REFUSED_METHODS:
         raise _refused_method(request.method)
-    route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    try:
+        route, target = state.router.match(request.raw_path)  # type: ignore[union-attr]
+    except NotFound:
+        if is_oauth_path(request.path):  # an MCP client looking for OAuth: say there is none
+            return oauth_answer(request.path, ex.request_id)
+        raise
     ex.name, ex.route = route.name, route
     ex.count_as(route.metrics)
     caller = None
@@ -231,6 +242,33 @@ async def search_endpoint(request: web.Request, ex: Exchange) -> web.StreamRespo
     return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
 
 
+async def fetch_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
+    """POST /v1/fetch: pages by URL across the fetch providers; its access line names the
+    providers asked, the vendor calls made (`attempts`) and the pages answered."""
+    state = request.app[STATE]
+    ex.count_as(state.endpoint_metrics[FETCH_LABEL])
+    trace = FetchTrace()
+    ex.fields = lambda: {
+        "urls": trace.urls,
+        "providers": trace.providers or None,
+        "attempts": trace.calls,
+        "pages": trace.pages,
+        "cached": trace.cached or None,
+    }
+    if request.method != "POST":
+        raise MethodNotAllowed(
+            f"{request.method} /v1/fetch is not supported: send POST with a JSON body like "
+            '{"urls": ["https://example.com/page"]}',
+            route="fetch",
+            headers={"Allow": "POST"},
+        )
+    api = state.fetch_api
+    assert api is not None  # built at start-up, before the first request
+    gate = state.clients  # with clients: a known token as `Authorization: Bearer`
+    caller = await gate.admit(None, request.headers, "") if gate else None
+    return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
+
+
 async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
     """The proxy's own MCP server at mcp_server.path (proxy/mcp_server.py): its access rule
     first, then the body, bounded like every request's. The access line names the JSON-RPC
@@ -255,14 +293,19 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
     assert mcp is not None  # built with the app
     caller = await mcp.admit(request)
     body = await read_body(request, state.config.server.max_body_bytes)
-    return await mcp.handle(request, body, ex.request_id, caller, trace)
+    who = caller.name if caller is not None else client_identity(request.headers)
+    # A tool call stops, with its vendor calls, once its client has gone.
+    watch = watch_agent(request)
+    try:
+        return await mcp.handle(request, body, ex.request_id, caller, trace, who)
+    finally:
+        watch.stop()
 
 
 async def openapi_endpoint(request: web.Request) -> web.Response:
-    """GET /openapi.json: the OpenAPI 3.1 document of /v1/search, with this config's limits."""
-    api = request.app[STATE].search_api
-    assert api is not None  # built at start-up, before the first request
-    return await api.openapi(request)
+    """GET /openapi.json: the OpenAPI 3.1 document of /v1/search and /v1/fetch, with this
+    config's limits (built at start-up)."""
+    return web.Response(body=request.app[STATE].openapi_json, content_type="application/json")
 
 
 async def admin_endpoint(request: web.Request) -> web.Response:
@@ -297,7 +340,7 @@ def _not_found(request: web.Request) -> NotFound:
     agents = request.app[STATE].agents_address or "the agents' port (server.port)"
     return NotFound(
         f"{path} is not an admin endpoint; this listener serves {served}. Agents' requests "
-        f"(route prefixes such as /tavily/search, /v1/search, /mcp) go to {agents}"
+        f"(route prefixes such as /tavily/search, /v1/search, /v1/fetch, /mcp) go to {agents}"
     )
 
 
@@ -335,7 +378,8 @@ async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamR
 
 
 async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
-    """Own the pooled session, the Redis link and the routes' background tasks."""
+    """Own the pooled session, the Redis link, the serving generation (its routes and their
+    background tasks), the status sampler and the config watch."""
     state = app[STATE]
     server = state.config.server
     connector = aiohttp.TCPConnector(
@@ -352,87 +396,87 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent",),
     )
+    metrics = state.metrics
+    metrics.redis_is_configured(state.config.redis is not None)
     if state.config.redis is not None:
         rc = state.config.redis
         state.redis = RedisLink(
-            rc, rc.key_prefix, timeout=rc.timeout, events=state.metrics, clock=state.clock
+            rc, rc.key_prefix, timeout=rc.timeout, events=metrics, clock=state.clock
         )
-        state.metrics.redis_up.set(1)
-    deps = Deps(state.config, state.session, state.clock, state.metrics, state.redis)
-    for name, cfg in state.config.routes.items():
-        deps.routes[name] = build_route(cfg, deps)
-    state.routes = deps.routes
-    state.router = Router([(r.config.prefix, r) for r in state.routes.values()])
-    state.search_api = SearchApi(state.config.search_api, state.routes, state.metrics, state.clock)
-    state.admin = Admin(state.routes, admin_token(state.config.server))
+    metrics.identify(__version__, state.config_hash)
     state.endpoint_metrics = {
-        label: state.metrics.route(label) for label in (SEARCH_LABEL, state.config.mcp_server.path)
+        label: metrics.route(label)
+        for label in (SEARCH_LABEL, FETCH_LABEL, state.config.mcp_server.path)
     }
-    _identify_clients(state)
-    warn_missing_keys(state.routes, state.config.search_api.providers)
-    for route in state.routes.values():
-        if route.breaker is not None:
-            await route.breaker.start()
+    generation = build_generation(
+        state.config,
+        state.session,
+        state.clock,
+        metrics,
+        state.redis,
+        serving=lambda name: state.routes.get(name),
+        direct_hooks=state.direct_hooks,
+    )
+    await generation.start()
+    state.use(generation)
+    assert state.pulse is not None
+    tasks = [asyncio.create_task(state.pulse.run(), name="status-pulse")]
+    if state.config_path is not None:
+        tasks.append(asyncio.create_task(app[RELOADER].watch(), name="config-watch"))
     try:
         yield
     finally:
-        for route in state.routes.values():
-            if route.breaker is not None:
-                await route.breaker.stop()
+        await app[RELOADER].close()  # first: a reload under way completes its swap
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        if state.generation is not None:
+            await state.generation.release(None)
         await state.session.close()
         if state.redis is not None:
             await state.redis.close()
 
 
-def _identify_clients(state: ProxyState) -> None:
-    """The client gate when `clients:` is configured; warnings for what it leaves open."""
-    config = state.config
-    if not config.clients:
-        for name, cfg in config.routes.items():
-            limit = cfg.get(ratelimit.SECTION)
-            if limit is not None and limit.key == "client":
-                log.warning(
-                    "client_key_unverified",
-                    route=name,
-                    hint="rate_limit.key: client keys on credentials any caller can make up; "
-                    "configure clients: to identify callers",
-                )
-        return
-    limits = {n: c.daily_requests for n, c in config.clients.items() if c.daily_requests}
-    quota = DailyQuota(limits, quota_store(state.clock, state.redis))
-    state.clients = ClientGate(config.clients, quota, state.metrics)
-    for name in keyless_routes(state.routes):
-        log.warning(
-            "route_injects_no_key",
-            route=name,
-            hint="with clients configured the agent's token is not forwarded: set the vendor "
-            "key in this route's headers.set, or its vendor answers without one",
-        )
-
-
 def build_app(
-    config: Config, *, clock: Clock = SYSTEM_CLOCK, metrics: Metrics | None = None
+    config: Config,
+    *,
+    clock: Clock = SYSTEM_CLOCK,
+    metrics: Metrics | None = None,
+    config_path: str | None = None,
+    config_hash: str = "",
+    direct_hooks: DirectHooks | None = None,
 ) -> web.Application:
-    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner)."""
+    """The proxy as an aiohttp application (start it with web.run_app or an AppRunner). With
+    `config_path` (the file `config` was read from, whose hash is `config_hash`) it can reload
+    (proxy/reload.py) and watches the file; `direct_hooks` replace the direct fetcher's DNS and
+    watch its connects (tests)."""
     # Bodies are bounded by our own check so the agent gets the JSON 413, not aiohttp's text one;
     # the +1 lets aiohttp's own limit sit just past ours.
     app = web.Application(
         client_max_size=config.server.max_body_bytes + 1, middlewares=[own_error_shape]
     )
-    app[STATE] = ProxyState(
+    metrics = metrics or Metrics()
+    state = app[STATE] = ProxyState(
         config=config,
         clock=clock,
-        metrics=metrics or Metrics(),
+        metrics=metrics,
         # The access line is skipped outright, not built and filtered, below level info.
         log_requests=logging.getLevelNamesMapping()[config.log.level.upper()] <= logging.INFO,
         mcp=McpEndpoint(config.mcp_server),
+        config_path=config_path,
+        config_hash=config_hash,
+        series=Series(metrics),
+        pulse=Pulse(metrics),
+        direct_hooks=direct_hooks,
     )
+    app[RELOADER] = Reloader(state)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes
     app.router.add_get("/healthz", healthz)
     app.router.add_get("/readyz", readyz)
     app.router.add_get("/metrics", metrics_endpoint)
     app.router.add_route("*", "/v1/search", enveloped(search_endpoint, "search"))
+    app.router.add_route("*", "/v1/fetch", enveloped(fetch_endpoint, "fetch"))
     app.router.add_get("/openapi.json", openapi_endpoint)
     app.router.add_route("*", "/admin", admin_elsewhere)
     app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
@@ -470,6 +514,10 @@ def build_admin_app(app: web.Application) -> web.Application:
     admin = web.Application(middlewares=[own_error_shape])
     admin[STATE] = app[STATE]
     admin[ADMIN_LISTENER] = True
+    admin[RELOADER] = app[RELOADER]
+    admin.router.add_get("/", status_page)
+    admin.router.add_get("/admin/status", status_endpoint)
+    admin.router.add_post("/admin/reload", reload_endpoint)
     admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
     admin.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
     admin.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")

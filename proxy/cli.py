@@ -27,13 +27,15 @@ from proxy.config import (
     ConfigErrors,
     InvalidConfig,
     load_config,
+    read_config_file,
     redacted,
     secret_values,
 )
 from proxy.guard import CUT_MARGIN_S, GuardedRunner
 from proxy.logs import configure_logging
 from proxy.redact import REDACTED
-from proxy.startup import check_startup
+from proxy.reload import RELOADER, config_hash
+from proxy.startup import check_startup, startup_errors
 from proxy.state import address
 
 EXIT_CONFIG = 2
@@ -95,31 +97,24 @@ def _report(exc: ConfigError) -> None:
         print(f"search-proxy: config error: {line}", file=sys.stderr)
 
 
-def _load(path: str) -> Config:
-    """The config in `path`, parsed and built as start-up builds it (no port, no Redis command):
-    a config this returns cannot fail start-up; anything else is a ConfigError, with every
-    mistake found in one run (start-up's token checks beside the document's own errors)."""
+def _load(path: str) -> tuple[Config, str]:
+    """The config in `path`, parsed and built as start-up builds it (no port, no Redis command),
+    and the hash of the file: a config this returns cannot fail start-up; anything else is a
+    ConfigError, with every mistake found in one run (start-up's token checks beside the
+    document's own errors)."""
+    data = read_config_file(path)
     try:
-        config = load_config(path)
+        config = load_config(path, data=data)
     except InvalidConfig as exc:
-        raise ConfigErrors([*exc.errors, *_startup_errors(exc.partial)]) from None
+        raise ConfigErrors([*exc.errors, *asyncio.run(startup_errors(exc.partial))]) from None
     asyncio.run(check_startup(config))
-    return config
-
-
-def _startup_errors(partial: Config) -> tuple[ConfigError, ...]:
-    """What start-up refuses in the parts of a broken config that parsed (a weak token ...)."""
-    try:
-        asyncio.run(check_startup(partial, whole=False))
-    except ConfigErrors as exc:
-        return exc.errors
-    return ()
+    return config, config_hash(data)
 
 
 def check_config(path: str) -> int:
     """Validate a config file and print the effective config, secrets redacted."""
     try:
-        config = _load(path)
+        config, _ = _load(path)
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG
@@ -160,12 +155,20 @@ async def _listen(site: web.TCPSite, host: str, port: int, listener: Listener) -
         raise CannotListen(host, port, reason, listener) from exc
 
 
-async def serve(config: Config, host: str, port: int, admin_port: int | None = None) -> None:
+async def serve(
+    config: Config,
+    host: str,
+    port: int,
+    admin_port: int | None = None,
+    *,
+    config_path: str | None = None,
+    config_hash: str = "",
+) -> None:
     """Serve agents on host:port and the admin endpoints on their own listener
     (server.admin_host, `admin_port` or server.admin_port) until SIGTERM or SIGINT, then drain:
     in-flight requests get shutdown_grace, those still running are cut (answered 503
     shutting_down, or logged `cut: shutdown` mid-stream) and the process exits within
-    shutdown_grace plus about a second."""
+    shutdown_grace plus about a second. SIGHUP reloads `config_path` (proxy/reload.py)."""
     log = structlog.get_logger("search_proxy")
     loop = asyncio.get_running_loop()
     max_connections, open_files = connection_budget(config.server)
@@ -180,7 +183,7 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
             hint="raise the open-files limit (ulimit -n) to allow more agents' connections",
         )
     limits = dataclasses.replace(config.server, max_connections=max_connections)
-    app = build_app(config)
+    app = build_app(config, config_path=config_path, config_hash=config_hash)
     runner = GuardedRunner(
         app,
         limits,
@@ -190,7 +193,9 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
         shutdown_timeout=CUT_MARGIN_S,
         handle_signals=False,
     )
-    await runner.setup()
+    await runner.setup()  # builds the routes: a reload has something to replace from here on
+    # nginx's habit (and systemd's ExecReload): SIGHUP reloads the config, never ends the process.
+    loop.add_signal_handler(signal.SIGHUP, app[RELOADER].request, "signal")
     admin_runner = GuardedRunner(
         build_admin_app(app),
         limits,
@@ -207,6 +212,7 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
         admin_site = web.TCPSite(admin_runner, admin_host, admin_port)
         await _listen(admin_site, admin_host, admin_port, ADMIN)
     except CannotListen:
+        loop.remove_signal_handler(signal.SIGHUP)
         if admin_runner.server is not None:
             await admin_runner.cleanup()
         await runner.cleanup()
@@ -227,12 +233,14 @@ async def serve(config: Config, host: str, port: int, admin_port: int | None = N
         routes={name: r.prefix for name, r in config.routes.items()},
         redis="configured" if config.redis else "in-process state",
         max_connections=max_connections,
+        config_hash=config_hash,
+        watch_config=config.server.watch_config and config_path is not None,
     )
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    grace = config.server.shutdown_grace
+    await stop.wait()  # a SIGHUP while draining still reloads (never the default: exit)
+    grace = app[STATE].config.server.shutdown_grace  # as the last reload left it
     deadline = loop.time() + grace
     log.info(
         "shutting_down", grace_s=grace, in_flight=runner.guarded.in_flight if runner.guarded else 0
@@ -255,7 +263,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if opts.command == "check-config":
         return check_config(opts.file)
     try:
-        config = _load(opts.config)
+        config, digest = _load(opts.config)
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG
@@ -263,7 +271,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = opts.host or config.server.host
     port = config.server.port if opts.port is None else opts.port
     try:
-        asyncio.run(serve(config, host, port, opts.admin_port))
+        asyncio.run(
+            serve(
+                config,
+                host,
+                port,
+                opts.admin_port,
+                config_path=opts.config,
+                config_hash=digest,
+            )
+        )
     except CannotListen as exc:
         print(f"search-proxy: {exc}", file=sys.stderr)
         return 1

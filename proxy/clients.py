@@ -55,6 +55,13 @@ def is_loopback_host(host: str) -> bool:
         return False
 
 
+def hostname(authority: str) -> str:
+    """The host of a Host header or an Origin's authority: `[::1]:8080` -> `::1`."""
+    if authority.startswith("["):
+        return authority[1 : authority.find("]")] if "]" in authority else ""
+    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
+
+
 def without_param(query_string: str, name: str, value: str) -> str:
     """`query_string` less its `name=value` pairs (compared decoded); every other pair as sent."""
     kept = []

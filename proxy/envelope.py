@@ -29,7 +29,7 @@ from proxy.guard import cut_reason
 from proxy.metrics import RouteMetrics
 from proxy.pipeline import Route
 from proxy.redact import redact_query
-from proxy.state import STATE
+from proxy.state import STATE, ProxyState
 
 log = structlog.get_logger("search_proxy")
 
@@ -72,6 +72,9 @@ class Exchange:
     answering: bool = False  # the endpoint has its answer and is sending it
     sent: Sent = field(default_factory=Sent)
     error: str | None = None  # an error the proxy answered inside a 200 (an MCP tool error)
+    # The proxy error answered (its type and message), for the status page's last errors.
+    failure: str | None = None
+    problem: str | None = None
     # What the endpoint adds to its access line, asked when the line is written.
     fields: Callable[[], dict[str, Any]] | None = None
 
@@ -196,9 +199,11 @@ def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | Non
         ex.metrics.observe(ex.status, elapsed, overhead)
         if ex.cut is not None and ex.sent.response is not None and ex.route is not None:
             state.metrics.stream_cut(ex.route.name, ex.cut)
+    fields = ex.fields() if ex.fields is not None and state.log_requests else {}
+    if ex.metrics is not None and state.pulse is not None:
+        _remember(state, ex, response)
     if not state.log_requests:
         return
-    fields = ex.fields() if ex.fields is not None else {}
     written = ex.sent.written if ex.sent.response is not None else _body_bytes(request, response)
     # The proxy's own error, also when it travels in a 200 (an MCP tool error).
     error = response.headers.get("X-Proxy-Error") if response is not None else None
@@ -219,6 +224,40 @@ def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | Non
     )
 
 
+def _remember(state: ProxyState, ex: Exchange, response: web.StreamResponse | None) -> None:
+    """An error answered (or a stream cut) goes to the status page's last errors."""
+    proxy_error = response.headers.get("X-Proxy-Error") if response is not None else None
+    if ex.problem is None and proxy_error is not None and isinstance(response, web.Response):
+        ex.failure, ex.problem = proxy_error, _message(response.body) or proxy_error
+    if ex.problem is not None:
+        message = ex.problem
+    elif ex.cut is not None:
+        message = f"the answer was cut short: {ex.cut}"
+    elif ex.status >= 500:
+        message = f"the vendor answered {ex.status}"
+    elif ex.error is not None:
+        message = f"answered inside a 200: {ex.error}"
+    else:
+        return
+    if ex.route is not None:
+        label = ex.route.name
+    else:
+        label = "/v1/search" if ex.name == "search" else state.config.mcp_server.path
+    assert state.pulse is not None
+    error = ex.error if ex.problem is None else None
+    state.pulse.record(label, ex.status, ex.failure or error, message, ex.request_id)
+
+
+def _message(body: Any) -> str | None:
+    """The message of an error body in the proxy's own shape (/v1/search's, /mcp's)."""
+    try:
+        error = orjson.loads(body).get("error") if isinstance(body, bytes) else None
+    except (orjson.JSONDecodeError, AttributeError):
+        return None
+    message = error.get("message") if isinstance(error, dict) else None
+    return message if isinstance(message, str) else None
+
+
 def _body_bytes(request: web.Request, response: web.StreamResponse | None) -> int:
     """The body bytes a whole (not streamed) answer carries to the agent."""
     if response is None or request.method == "HEAD" or not isinstance(response, web.Response):
@@ -229,6 +268,7 @@ def _body_bytes(request: web.Request, response: web.StreamResponse | None) -> in
 def error_answer(err: ProxyError, ex: Exchange) -> web.Response:
     """A proxy-made error in the route's vendor dialect, with what the flow knows."""
     flow, route = ex.flow, ex.route
+    ex.problem, ex.failure = err.message, err.type
     if flow is not None:
         err.attempts = max(err.attempts, flow.trace.attempts)
         err.route = err.route or flow.request.route

@@ -12,6 +12,7 @@ import os
 import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
+from dataclasses import replace
 
 import aiohttp
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
@@ -36,6 +37,7 @@ from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
 from proxy.config import RouteConfig
 from proxy.redact import redact_bytes
+from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
 HOP_BY_HOP = frozenset(
     {
@@ -244,6 +246,10 @@ class Upstream:
         self.stream_limit = route.timeouts.stream
         self.max_bytes = route.max_response_bytes
         self.slots = pool_slots(session)
+        self.prefix = (route.prefix, route.strip_prefix)  # where Location points for the agent
+        # An MCP client may not follow a redirect (or only within its origin): an MCP route
+        # follows the upstream's own 307/308 itself.
+        self.follow = route.has("mcp")
         # aiohttp's pool key: routes to one origin share its per-host limit.
         self.pool_key = (base.host, base.port or 0, base.scheme == "https")
 
@@ -260,6 +266,22 @@ class Upstream:
         )
 
     async def __call__(self, flow: Flow) -> Reply:
+        hops = 0
+        while True:
+            reply = await self._once(flow)
+            location = reply.headers.get("Location", "")
+            target = on_upstream(location, self.url(flow), self.base_path) if location else None
+            if target is None:
+                return reply
+            if not (self.follow and reply.status in FOLLOWED and hops < MAX_HOPS):
+                # Not followed: the agent is sent to the route, never to the upstream itself.
+                reply.headers["Location"] = agent_location(target, *self.prefix) or location
+                return reply
+            reply.discard()  # followed here, with the route's headers, to the same upstream
+            hops += 1
+            flow = flow.with_request(replace(flow.request, path=target[0], query_string=target[1]))
+
+    async def _once(self, flow: Flow) -> Reply:
         budget = self._budget(flow)
         slot = await self._slot(flow, budget)
         try:

@@ -16,7 +16,14 @@ import structlog
 from policies.core.credentials import is_credential_name
 from proxy.redact import REDACTED, redact_bytes, redact_query, redact_text
 
-__all__ = ["REDACTED", "Redactor", "configure_logging", "redact_query", "redact_value"]
+__all__ = [
+    "REDACTED",
+    "Redactor",
+    "configure_logging",
+    "learn_secrets",
+    "redact_query",
+    "redact_value",
+]
 
 # Shorter configured values (`free`, `json`) are not hidden wherever they appear: they would
 # hide ordinary words, and are no keys.
@@ -45,7 +52,15 @@ class Redactor:
     headers.set values, tokens, passwords) wherever they appear."""
 
     def __init__(self, secrets: Iterable[str] = ()) -> None:
-        known = sorted({s for s in secrets if len(s) >= MIN_SECRET_CHARS}, key=len, reverse=True)
+        self.secrets: set[str] = set()
+        self.known: re.Pattern[str] | None = None
+        self.learn(secrets)
+
+    def learn(self, secrets: Iterable[str]) -> None:
+        """Hide these secrets too (a reloaded config's); those known already stay hidden, for
+        requests still running on the config before."""
+        self.secrets |= {s for s in secrets if len(s) >= MIN_SECRET_CHARS}
+        known = sorted(self.secrets, key=len, reverse=True)
         self.known = re.compile("|".join(map(re.escape, known))) if known else None
 
     def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
@@ -96,6 +111,16 @@ def _route_stdlib_logging(level: int) -> None:
     logging.captureWarnings(True)
 
 
+# The redactor of the configured logs: a reload teaches it the new config's secrets.
+_REDACTOR: Redactor | None = None
+
+
+def learn_secrets(secrets: Iterable[str]) -> None:
+    """Hide these secrets too in every line from now on (a reloaded config's)."""
+    if _REDACTOR is not None:
+        _REDACTOR.learn(secrets)
+
+
 def configure_logging(
     level: str = "info",
     fmt: str = "json",
@@ -104,14 +129,16 @@ def configure_logging(
 ) -> None:
     """Set structlog up once per process; JSON by default, console lines for humans. `secrets`
     (the config's, `secret_values`) never appear in a line, wherever they turn up."""
+    global _REDACTOR
     out = stream or sys.stdout
     numeric = logging.getLevelNamesMapping()[level.upper()]
+    _REDACTOR = Redactor(secrets)
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
-        Redactor(secrets),
+        _REDACTOR,
     ]
     if fmt == "json":
         processors.append(structlog.processors.JSONRenderer(serializer=_orjson_dumps))

@@ -6,12 +6,14 @@ The MCP side is the official `mcp` package: its low-level `Server` with our two 
 no client session is held between requests and every POST is answered with one JSON-RPC
 message. The package speaks ASGI; `serve_asgi` below bridges one aiohttp request to it.
 
-A tool call runs `SearchApi.answer`, the very code /v1/search runs (providers in order with
-failover, breakers, cache, simplified queries, the per-request call budget), with the caller's
-identity. Its result is a text block an LLM reads (numbered results, then which provider
-answered and which query found them) and, as `structuredContent`, the normalised answer
+A tool call (proxy/mcp_tool.py) runs `SearchApi.answer`, the very code /v1/search runs
+(providers in order with failover, breakers, cache, simplified queries, the per-request call
+budget), with the caller's identity, within `mcp_server.call_timeout` for the whole call. Its
+result is a text block an LLM reads and, as `structuredContent`, the normalised answer
 /v1/search gives for one query. A failure is a tool error (`isError: true`) whose text is the
-proxy's own message, the one /v1/search answers with.
+proxy's own message, the one /v1/search answers with. A call stops, with every vendor attempt,
+when its client leaves or cancels it (in stateless mode a `notifications/cancelled` comes on a
+POST of its own: `RunningCalls` finds the call it names).
 
 Access (`admit`): with `clients:` configured, a known client token as `Authorization: Bearer`;
 otherwise loopback peers only unless `mcp_server.allow_remote`. Our own checks replace the
@@ -26,7 +28,7 @@ import asyncio
 import contextlib
 import ipaddress
 import logging
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -38,47 +40,31 @@ from mcp.server.lowlevel import Server
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Scope
 
-from policies.core.errors import BadRequest, ProxyError
-from policies.core.options import OPTION_NAMES
+from policies.core.errors import ProxyError, seconds_text
 from proxy import __version__
-from proxy.clients import Caller, ClientGate, is_loopback_host
+from proxy.clients import Caller, ClientGate, hostname, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, InternalError, MethodNotAllowed, NotFound
 from proxy.forward import HOP_BY_HOP
+from proxy.mcp_fetch import FetchTool
+from proxy.mcp_tool import (
+    INSTRUCTIONS,
+    TOOL_NAME,
+    error_result,
+    render_text,
+    search_body,
+    tool_definition,
+    tool_message,
+)
 from proxy.search_api import SearchApi, SearchTrace
 
 log = structlog.get_logger("search_proxy")
 
-TOOL_NAME = "web_search"
-# The tool's arguments: /v1/search's fields an LLM can use well, with the same names and rules.
-# Not offered: `queries` (one search per call), `providers` and `credentials` (the operator's
-# business), `safe_search`, and the LiteLLM / Perplexity aliases.
-ARGUMENTS = ("query", *(name for name in OPTION_NAMES if name != "safe_search"))
-_ARGUMENT_HELP = {
-    "query": "What to search for, in plain words, as you would type it into a search engine.",
-    "max_results": "How many results to return (1-{max}; default {default}).",
-    "time_range": "Only results published or updated within the last day, week, month or year.",
-    "include_domains": 'Only results from these domains (subdomains included), e.g. ["arxiv.org"].',
-    "exclude_domains": "Never results from these domains (subdomains included).",
-    "topic": "general (web search, the default) or news.",
-    "country": "ISO 3166-1 alpha-2 code (US, DE, GB): where results should come from.",
-    "language": "ISO 639-1 code (en, de): the language results should be in.",
-}
-DESCRIPTION = (
-    "Search the web. Returns a numbered list of results (title, URL, snippet, and the date "
-    "when known), then a line saying which search provider answered. Providers are tried in "
-    "order, with failover when one is down; when a query finds nothing, a simpler form of it "
-    "is tried and the answer says which query found the results. Only `query` is required. "
-    "Options a provider cannot apply are named in the answer (its results are then not "
-    "filtered by them). On failure the tool returns an error saying what happened and what "
-    "to do (e.g. when to retry)."
-)
-INSTRUCTIONS = (
-    "search-proxy: web search through several providers with failover. Call web_search with "
-    "a query; cite results by their URL."
-)
 SCOPE_KEY = "search_proxy.mcp"  # the ASGI scope entry carrying a request's _ToolContext
 DISCONNECT_POLL_S = 1.0
+# How long past its deadline a call may take to wind down (a policy that does not watch the
+# deadline) before it is cancelled outright.
+HARD_STOP_S = 1.0
 
 
 @dataclass(slots=True)
@@ -97,164 +83,49 @@ class _ToolContext:
 
     request_id: str
     client: str  # the client's name with clients: configured, else ""
+    caller: str  # who the caller is for a cancel: its client name, or its credentials' digest
     trace: McpTrace
 
 
-# ---------------------------------------------------------------------------------------------
-# The tool
+class RunningCalls:
+    """The tool calls in flight by (caller, JSON-RPC id), so a `notifications/cancelled`,
+    which a stateless server gets on a POST of its own, stops the call it names. One entry per
+    running call: bounded by the proxy's connections."""
 
+    def __init__(self) -> None:
+        self._calls: dict[tuple[str, str], list[asyncio.Task[Any]]] = {}
 
-def _local_refs(node: Any) -> Any:
-    """An OpenAPI schema with its `#/components/schemas/X` references as `#/$defs/X`."""
-    if isinstance(node, dict):
-        return {
-            k: (
-                v.replace("#/components/schemas/", "#/$defs/")
-                if k == "$ref" and isinstance(v, str)
-                else _local_refs(v)
-            )
-            for k, v in node.items()
-        }
-    if isinstance(node, list):
-        return [_local_refs(v) for v in node]
-    return node
+    @staticmethod
+    def _key(caller: str, request_id: Any) -> tuple[str, str]:
+        return caller, orjson.dumps(request_id).decode()
 
+    @contextlib.contextmanager
+    def running(self, caller: str, request_id: Any, task: asyncio.Task[Any]) -> Iterator[None]:
+        key = self._key(caller, request_id)
+        self._calls.setdefault(key, []).append(task)
+        try:
+            yield
+        finally:
+            tasks = self._calls[key]
+            tasks.remove(task)
+            if not tasks:
+                del self._calls[key]
 
-def output_schema(document: Mapping[str, Any]) -> dict[str, Any]:
-    """The tool's outputSchema: /v1/search's answer to one query, from its OpenAPI document."""
-    schemas = document["components"]["schemas"]
-    answer: dict[str, Any] = _local_refs(schemas["SearchAnswer"])
-    answer["$defs"] = {name: _local_refs(schemas[name]) for name in ("SearchResult", "Attempt")}
-    return answer
-
-
-def input_schema(document: Mapping[str, Any], default_max_results: int) -> dict[str, Any]:
-    """The tool's inputSchema: /v1/search's own field schemas, described for an LLM."""
-    fields = document["components"]["schemas"]["SearchRequest"]["properties"]
-    properties: dict[str, Any] = {}
-    for name in ARGUMENTS:
-        schema = {k: v for k, v in fields[name].items() if k not in ("description", "examples")}
-        text = _ARGUMENT_HELP[name]
-        if name == "max_results":
-            text = text.format(max=schema["maximum"], default=default_max_results)
-        properties[name] = {**schema, "description": text}
-    return {
-        "type": "object",
-        "properties": properties,
-        "required": ["query"],
-        "additionalProperties": False,
-    }
-
-
-def tool_definition(api: SearchApi) -> types.Tool:
-    return types.Tool(
-        name=TOOL_NAME,
-        title="Web search",
-        description=DESCRIPTION,
-        inputSchema=input_schema(api.document, api.config.max_results),
-        outputSchema=output_schema(api.document),
-        annotations=types.ToolAnnotations(
-            title="Web search",
-            readOnlyHint=True,
-            destructiveHint=False,
-            idempotentHint=True,
-            openWorldHint=True,
-        ),
-    )
-
-
-def search_body(arguments: Mapping[str, Any]) -> dict[str, Any]:
-    """The /v1/search body of a web_search call. An argument sent as null counts as not sent
-    (LLMs fill optional arguments with null); an unknown one is refused naming the known."""
-    unknown = sorted(k for k in arguments if k not in ARGUMENTS)
-    if unknown:
-        raise _argument_error(
-            f"{unknown[0]} is not an argument of web_search (its arguments: {', '.join(ARGUMENTS)})"
-        )
-    if arguments.get("query") is None:
-        raise _argument_error("query is required: send the words to search for")
-    return {k: v for k, v in arguments.items() if v is not None}
-
-
-def _argument_error(text: str) -> ProxyError:
-    return BadRequest(f"{TOOL_NAME}: {text}", route="search")
-
-
-def tool_message(err: ProxyError) -> str:
-    """A failure as the tool's error text: the proxy's own message, with a field error named
-    after the tool rather than the endpoint (`/v1/search: query is empty ...`)."""
-    return err.message.replace("/v1/search: ", f"{TOOL_NAME}: ", 1)
-
-
-def render_text(answer: Mapping[str, Any]) -> str:
-    """One search answer as the text an LLM reads: numbered results, then where they came from."""
-    query = answer["query"]
-    results = answer["results"]
-    provider = answer["provider"]
-    lines: list[str] = []
-    if results:
-        lines.append(f'Web search results for "{query}":')
-        for i, r in enumerate(results, start=1):
-            lines.append("")
-            lines.append(f"{i}. {r['title'] or r['url']}")
-            lines.append(f"   {r['url']}")
-            if r["snippet"]:
-                lines.append(f"   {' '.join(r['snippet'].split())}")
-            date = r["date"] or (r["published_date"] or "")[:10]
-            if date:
-                lines.append(f"   Published: {date}")
-        lines.append("")
-    else:
-        lines.append(f'No results found for "{query}". Try fewer or different words.')
-    before = [
-        f"{a['provider']} ({_attempt_text(a)})"
-        for a in answer["attempts"]
-        if a["outcome"] != "results"
-    ]
-    if provider is not None:
-        source = f"Answered by {provider}"
-        if answer["from_cache"]:
-            age = answer["cache_age_s"]
-            source += " from the proxy's cache" + (f" ({age} s old)" if age is not None else "")
-        if before:
-            source += f", after {', '.join(before)}"
-        lines.append(source + ".")
-    elif before:
-        lines.append(f"Providers asked: {', '.join(before)}.")
-    if answer["query_used"] != query:
-        lines.append(
-            f"The original query found nothing; these results are for the simplified query "
-            f'"{answer["query_used"]}".'
-        )
-    if answer["dropped_options"]:
-        lines.append(
-            f"{provider or 'The provider'} could not apply "
-            f"{', '.join(answer['dropped_options'])}: its results are not filtered by them."
-        )
-    return "\n".join(lines)
-
-
-def _attempt_text(attempt: Mapping[str, Any]) -> str:
-    """How a provider that did not answer fared, in a word or two (its status is in
-    structuredContent: a refused connection has none of the vendor's)."""
-    return {"empty": "no results", "skipped": "skipped"}.get(attempt["outcome"], "failed")
-
-
-def _error_result(text: str) -> types.ServerResult:
-    return types.ServerResult(
-        types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
-    )
+    def cancel(self, caller: str, request_id: Any) -> bool:
+        """Stop the call `caller` sent as `request_id`. Callers that cannot be told apart
+        (none with credentials, on loopback) may share ids: a cancel that names more than one
+        running call stops none rather than another agent's."""
+        tasks = self._calls.get(self._key(caller, request_id), [])
+        if len(tasks) != 1:
+            if tasks:
+                log.warning("mcp_cancel_ambiguous", calls=len(tasks))
+            return False
+        tasks[0].cancel()
+        return True
 
 
 # ---------------------------------------------------------------------------------------------
 # Access
-
-
-def _hostname(authority: str) -> str:
-    """The host of a Host header or an Origin's authority: `[::1]:8080` -> `::1`."""
-    if authority.startswith("["):
-        return authority[1 : authority.find("]")] if "]" in authority else ""
-    return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
 
 
 def is_loopback_peer(remote: str | None) -> bool:
@@ -282,7 +153,7 @@ def refusal(
     must be on a loopback host itself: a page elsewhere, its name rebound to this machine's
     address (DNS rebinding), is refused."""
     if origin is not None:  # "null" (a sandboxed page) is no loopback host either
-        page = _hostname(origin.partition("://")[2].split("/", 1)[0])
+        page = hostname(origin.partition("://")[2].split("/", 1)[0])
         if not is_loopback_host(page):
             return Forbidden(
                 f"search-proxy's MCP server does not serve browser pages from other sites "
@@ -297,10 +168,10 @@ def refusal(
             f"came from {remote or 'an unknown address'}: connect from the proxy's host, or set "
             "mcp_server.allow_remote: true (better with clients: tokens configured)"
         )
-    if host is not None and not is_loopback_host(_hostname(host)):
+    if host is not None and not is_loopback_host(hostname(host)):
         return Forbidden(
             f"search-proxy's MCP server serves loopback callers at a loopback address only, "
-            f"and this request names host {_hostname(host)!r}: use http://127.0.0.1 or "
+            f"and this request names host {hostname(host)!r}: use http://127.0.0.1 or "
             "http://localhost, or set mcp_server.allow_remote: true"
         )
     return None
@@ -431,6 +302,7 @@ class McpEndpoint:
         self.api: SearchApi | None = None
         self.clients: ClientGate | None = None
         self.tool: types.Tool | None = None
+        self.fetch: FetchTool | None = None  # fetch_page (proxy/mcp_fetch.py); set by the app
         self.server: Server[Any, Any] = Server(
             "search-proxy", version=__version__, instructions=INSTRUCTIONS
         )
@@ -439,6 +311,7 @@ class McpEndpoint:
         self.server.request_handlers[types.ListToolsRequest] = self._list_tools
         self.server.request_handlers[types.CallToolRequest] = self._call_tool
         self.manager: StreamableHTTPSessionManager | None = None
+        self.calls = RunningCalls()
 
     @contextlib.asynccontextmanager
     async def running(
@@ -449,8 +322,7 @@ class McpEndpoint:
         if not self.config.enabled:
             yield
             return
-        self.api, self.clients = api, clients
-        self.tool = tool_definition(api)
+        self.use(api, clients, self.config)
         # The package's own logger says "Processing request ..." at info for every message.
         logging.getLogger("mcp").setLevel(logging.WARNING)
         if clients is None and self.config.allow_remote:
@@ -488,6 +360,12 @@ class McpEndpoint:
             stop.set()
             await holder
 
+    def use(self, api: SearchApi, clients: ClientGate | None, config: McpServerConfig) -> None:
+        """Search through `api` and admit by `clients` from now on (a reload's new generation;
+        its path and `enabled` stay as they were served)."""
+        self.api, self.clients, self.config = api, clients, config
+        self.tool = tool_definition(api)
+
     async def admit(self, request: web.Request) -> Caller | None:
         """Whether this request may use the MCP server, and its known client: ProxyErrors
         (404 off, 405 not POST, 403 refused, 401 no known token) for the caller to render."""
@@ -522,53 +400,106 @@ class McpEndpoint:
         return caller
 
     async def handle(
-        self, request: web.Request, body: bytes, rid: str, caller: Caller | None, trace: McpTrace
+        self,
+        request: web.Request,
+        body: bytes,
+        rid: str,
+        caller: Caller | None,
+        trace: McpTrace,
+        who: str,
     ) -> web.StreamResponse:
-        """Answer one admitted request through the package's streamable HTTP transport."""
+        """Answer one admitted request through the package's streamable HTTP transport; `who`
+        tells this caller's calls from others' (`RunningCalls`)."""
         manager = self.manager
         if manager is None:
             raise InternalError("the MCP server is not running yet; send it again", route="mcp")
-        trace.rpc = _rpc_method(body)
-        context = _ToolContext(rid, caller.name if caller is not None else "", trace)
+        message = _message(body)
+        method = message.get("method") if message is not None else None
+        trace.rpc = method[:64] if isinstance(method, str) else None
+        if method == "notifications/cancelled" and message is not None:
+            params = message.get("params")
+            if isinstance(params, dict) and "requestId" in params:
+                self.calls.cancel(who, params["requestId"])
+        context = _ToolContext(rid, caller.name if caller is not None else "", who, trace)
         return await serve_asgi(
             manager.handle_request, request, body, {SCOPE_KEY: context}, {"X-Request-Id": rid}
         )
 
     async def _list_tools(self, req: types.ListToolsRequest) -> types.ServerResult:
         assert self.tool is not None  # set before the manager runs
-        return types.ServerResult(types.ListToolsResult(tools=[self.tool]))
+        more = [self.fetch.definition] if self.fetch is not None else []
+        return types.ServerResult(types.ListToolsResult(tools=[self.tool, *more]))
 
     async def _call_tool(self, req: types.CallToolRequest) -> types.ServerResult:
         """web_search: the answer /v1/search gives, as text and as structuredContent; any
         failure as a tool error with the proxy's message (never a traceback)."""
-        request = self.server.request_context.request  # the Starlette request of serve_asgi
+        context = self.server.request_context
+        request = context.request  # the Starlette request of serve_asgi
         if request is None or not isinstance(request.scope.get(SCOPE_KEY), _ToolContext):
-            return _error_result("search-proxy: web_search is served over HTTP only")
-        context: _ToolContext = request.scope[SCOPE_KEY]
-        trace = context.trace
-        trace.tool = req.params.name
-        if req.params.name != TOOL_NAME:
+            return error_result("search-proxy: web_search is served over HTTP only")
+        call: _ToolContext = request.scope[SCOPE_KEY]
+        trace = call.trace
+        name = trace.tool = req.params.name
+        arguments = req.params.arguments or {}
+        if self.fetch is not None and name == self.fetch.name:
+            work = self.fetch.call(arguments, call.request_id, call.client, trace)
+        elif name == TOOL_NAME:
+            work = self._search(arguments, call)
+        else:
             trace.error = "unknown_tool"
-            return _error_result(
-                f"there is no tool {req.params.name!r} here: this server has one tool, {TOOL_NAME}"
+            tools = ", ".join([TOOL_NAME] + ([self.fetch.name] if self.fetch else []))
+            return error_result(f"there is no tool {name!r} here: its tools are {tools}")
+        # One deadline for the whole call, whichever tool; a cancel or the client leaving stops
+        # it with every vendor attempt.
+        limit = self.config.call_timeout
+        search = asyncio.create_task(work)
+        with self.calls.running(call.caller, context.request_id, search):
+            try:
+                # The search keeps to the deadline itself; this wait is the backstop.
+                done, _ = await asyncio.wait((search,), timeout=limit + HARD_STOP_S)
+            finally:
+                search.cancel()  # the client left (this handler is cancelled), or time is up
+        if search.cancelled():
+            trace.error = "cancelled"
+            return error_result(f"{name}: the client cancelled this call")
+        if not done:
+            trace.error = "deadline_exceeded"
+            return error_result(
+                f"{name} ran past its {seconds_text(limit)} (mcp_server.call_timeout) "
+                "and was stopped; try again"
             )
+        return search.result()
+
+    async def _search(self, arguments: Mapping[str, Any], call: _ToolContext) -> types.ServerResult:
+        """One web_search, within mcp_server.call_timeout from now."""
         api = self.api
         assert api is not None  # set before the manager runs
+        trace = call.trace
+        limit = self.config.call_timeout
+        deadline = api.clock.now() + limit
         try:
-            body = search_body(req.params.arguments or {})
+            body = search_body(arguments)
             if self.clients is not None:
-                await self.clients.spend(context.client)  # the daily quota, per tool call
-            answer = await api.answer(body, context.request_id, trace.search, context.client)
+                await self.clients.spend(call.client)  # the daily quota, per tool call
+            answer = await api.answer(
+                body, call.request_id, trace.search, call.client, deadline=deadline
+            )
             text = render_text(answer)
         except ProxyError as err:
             trace.error = err.type
-            return _error_result(tool_message(err))
+            message = tool_message(err)
+            if api.clock.now() >= deadline:
+                message = (
+                    f"{TOOL_NAME} ran out of its {seconds_text(limit)} "
+                    f"(mcp_server.call_timeout): {message}"
+                )
+            return error_result(message)
         except Exception:
-            log.exception("mcp_tool_failed", request_id=context.request_id, tool=TOOL_NAME)
+            log.exception("mcp_tool_failed", request_id=call.request_id, tool=TOOL_NAME)
             trace.error = InternalError.type
-            return _error_result(
+            return error_result(
                 "search-proxy failed while searching (a bug; its log has the details, request "
-                f"id {context.request_id}); try again"
+                f"id {call.request_id}); try again"
             )
         return types.ServerResult(
             types.CallToolResult(
@@ -579,11 +510,10 @@ class McpEndpoint:
         )
 
 
-def _rpc_method(body: bytes) -> str | None:
-    """The JSON-RPC method of a request body, for the log line (None when it has none)."""
+def _message(body: bytes) -> dict[str, Any] | None:
+    """The JSON-RPC message of a request body (None for a batch or junk)."""
     try:
         message = orjson.loads(body)
     except orjson.JSONDecodeError:
         return None
-    method = message.get("method") if isinstance(message, dict) else None
-    return method[:64] if isinstance(method, str) else None
+    return message if isinstance(message, dict) else None

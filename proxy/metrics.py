@@ -8,7 +8,14 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Sequence
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics
+from prometheus_client import (
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    disable_created_metrics,
+)
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
@@ -41,6 +48,7 @@ OVERHEAD_BUCKETS = (0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01
 WAIT_BUCKETS = (0.001, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 BREAKER_STATES = {"closed": 0, "half_open": 1, "open": 2}
 STATUS_CLASSES = ("1xx", "2xx", "3xx", "4xx", "5xx")
+RELOAD_RESULTS = ("applied", "unchanged", "failed")
 
 
 class RouteMetrics:
@@ -242,6 +250,15 @@ class Metrics:
             ["provider", "outcome"],
             registry=r,
         )
+        self.fetch_pages = Counter(
+            "search_proxy_fetch_pages",
+            "Pages asked of /v1/fetch (and fetch_page), per provider: fetched, cached (the page "
+            "cache answered), stale (the cache stood in for a failure); or per provider that did "
+            "not give one: failed (it could not read the page), unavailable (down, skipped, out "
+            "of calls), refused (the direct fetcher refused the address).",
+            ["provider", "outcome"],
+            registry=r,
+        )
         self.failovers = Counter(
             "search_proxy_failovers",
             "Fallback providers asked for a failed search route, by result (answered, empty, "
@@ -266,9 +283,17 @@ class Metrics:
             ["route", "reason"],
             registry=r,
         )
+        # Registered only when Redis is configured (`redis_configured`): without Redis there is
+        # no link to be up or down, and a 0 would read as an outage.
         self.redis_up = Gauge(
             "search_proxy_redis_up",
-            "1 while Redis answers, 0 while shared state runs in-process.",
+            "1 while Redis answers, 0 while shared state runs in-process (only with redis: "
+            "configured).",
+            registry=None,
+        )
+        self.redis_configured = Gauge(
+            "search_proxy_redis_configured",
+            "1 when redis: is configured (shared state), 0 when state is in-process by design.",
             registry=r,
         )
         self.redis_transitions = Counter(
@@ -299,16 +324,63 @@ class Metrics:
             registry=r,
         )
         self.degraded_time.counter = lambda _: self.redis_degraded_seconds
+        self.build_info = Gauge(
+            "search_proxy_build_info",
+            "Always 1; the version of search-proxy serving.",
+            ["version"],
+            registry=r,
+        )
+        self.config_info = Gauge(
+            "search_proxy_config_info",
+            "Always 1; hash: the first 12 hex digits of the SHA-256 of the config file serving.",
+            ["hash"],
+            registry=r,
+        )
+        self.config_reloads = Counter(
+            "search_proxy_config_reloads",
+            "Config reloads (SIGHUP, POST /admin/reload, the file watch), by result: applied, "
+            "unchanged (same file) or failed (the old config keeps serving).",
+            ["result"],
+            registry=r,
+        )
+        for result in RELOAD_RESULTS:
+            self.config_reloads.labels(result)
+        for to in ("up", "down"):
+            self.redis_transitions.labels(to)
+        # The process's CPU, memory, open files and start time (process_*), from /proc.
+        ProcessCollector(registry=r)
         self.routes: dict[str, RouteMetrics] = {}
 
     def route(self, name: str) -> RouteMetrics:
-        """The bound per-route metrics, created once at start-up."""
+        """The bound per-route metrics, created when the route is first built."""
         bound = self.routes.get(name)
         if bound is None:
             bound = self.routes[name] = RouteMetrics(self, name)
-            self.breaker_state.labels(name)
-            self.breaker_open_seconds.labels(name)
         return bound
+
+    def identify(self, version: str, config_hash: str) -> None:
+        """Set build_info, and config_info to the config now serving (its hash alone)."""
+        self.build_info.labels(version).set(1)
+        self.config_info.clear()
+        self.config_info.labels(config_hash).set(1)
+
+    def redis_is_configured(self, configured: bool) -> None:
+        """Export redis_up (starting at 1) only when Redis is configured."""
+        self.redis_configured.set(1 if configured else 0)
+        if configured:
+            self.redis_up.set(1)
+            self.registry.register(self.redis_up)
+
+    def breaker_is(self, route: str, state: str) -> None:
+        """The gauge (and open time) of a route whose breaker was built or kept by a reload: its
+        state now, not counted as a transition."""
+        self.breaker_state.labels(route).set(BREAKER_STATES.get(state, 0))
+        self.open_time.transition(route, state)
+
+    def forget_breaker(self, route: str) -> None:
+        """A route lost its breaker: stop counting its open time."""
+        self.open_time.catch_up()
+        self.open_time.counted_to.pop(route, None)
 
     # -- policies.core.events.Events ---------------------------------------------------------------
 

@@ -22,10 +22,12 @@ from policies.chain import build_chain, reader
 from policies.core.clock import Clock
 from policies.core.credentials import empty_credential
 from policies.core.flow import Classifier, Flow, Handler, Policy, compose, status_outcome
+from policies.core.kept import Kept
 from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Provider, SideRequest
+from policies.retry import Retry
 from proxy.config import Config
 from proxy.forward import Upstream
 from proxy.metrics import Metrics, RouteMetrics
@@ -66,11 +68,18 @@ class Deps:
     # fallbacks when first needed), and the app-wide parts policies share across routes.
     routes: dict[str, Route] = field(default_factory=dict)
     shared: dict[str, Any] = field(default_factory=dict)
+    # The routes' stateful parts, handed the previous build's on a config reload.
+    kept: Kept = field(default_factory=Kept)
+    # The route of a name serving now (after a reload, the newest build's): a breaker kept by a
+    # reload sends its probes with the headers configured now. None: `routes`.
+    serving: Callable[[str], Route | None] | None = None
 
 
-def as_provider(route: Route, clock: Clock) -> Provider:
-    """A route with a search section, as a provider of failover, hedging and /v1/search."""
-    assert route.profile is not None  # config only accepts routes with a search section
+def as_provider(route: Route, clock: Clock, profile: VendorProfile | None = None) -> Provider:
+    """A route with a search section, as a provider of failover, hedging and /v1/search; or
+    any route as `profile`'s vendor (a /v1/fetch provider reaching that vendor's extract API)."""
+    profile = profile or route.profile
+    assert profile is not None  # config only accepts routes with a search section
     breaker = route.breaker
 
     def circuit_open() -> float | None:
@@ -80,7 +89,7 @@ def as_provider(route: Route, clock: Clock) -> Provider:
 
     return Provider(
         name=route.name,
-        profile=route.profile,
+        profile=profile,
         handler=route.handler,
         classify=route.classify,
         headers=route.set_headers,
@@ -116,7 +125,7 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
     numbers = itertools.count(1)
 
     async def send(method: str, target: str, body: bytes) -> int:
-        route = deps.routes.get(cfg.name)
+        route = (deps.serving or deps.routes.get)(cfg.name)
         headers: CIMultiDict[str] = CIMultiDict(route.set_headers if route is not None else ())
         if body:
             headers["Content-Type"] = "application/json"
@@ -154,6 +163,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         providers=_providers(deps),
         side_request=_side_request(cfg, deps),
         shared=deps.shared,
+        kept=deps.kept,
     )
     policies = build_chain(build)
     metrics = deps.metrics.route(cfg.name)
@@ -162,9 +172,18 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     profile = read.profile
     mcp_cfg = cfg.get(mcp.SECTION)
     if mcp_cfg is not None:
-        # Tool calls of idempotent tools go through the chain; everything else straight up.
-        calls = compose(policies, mcp.McpUpstream(cfg.name, mcp_cfg, upstream, deps.clock))
-        handler = mcp.McpRoute(cfg.name, mcp_cfg, calls, upstream)
+        # Tool calls of idempotent tools go through the chain; a session's own messages
+        # through its retries; everything else straight up.
+        handler = mcp.build_route(
+            cfg.name,
+            mcp_cfg,
+            policies=policies,
+            upstream=upstream,
+            retry=next((p for p in policies if isinstance(p, Retry)), None),
+            clock=deps.clock,
+            redis=deps.redis,
+            cached=cfg.has("cache"),
+        )
         profile = None  # no vendor dialect: the answers are JSON-RPC
     missing = next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None)
     return Route(

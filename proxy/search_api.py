@@ -348,17 +348,23 @@ class SearchApi:
             return error_response(err, rid)
 
     async def answer(
-        self, body: Any, rid: str, trace: SearchTrace, client: str = ""
+        self,
+        body: Any,
+        rid: str,
+        trace: SearchTrace,
+        client: str = "",
+        deadline: float | None = None,
     ) -> dict[str, Any]:
         """The answer to a /v1/search body (already decoded JSON): one query's normalised
         results, or `{"responses": [...]}` for a batch. Raises the ProxyError /v1/search
         answers with (a bad field, every provider failed). The /v1/search handler and the MCP
-        server's web_search tool (proxy/mcp_server.py) both run searches through here."""
+        server's web_search tool (proxy/mcp_server.py) both run searches through here; a
+        `deadline` (clock time) bounds every provider's attempts (None: each route's own)."""
         calls = CallBudget(self.config.max_calls_per_request)
         try:
             call = parse_request(body, self.config, self.routes, self.max_chars)
             trace.queries = len(call.queries)
-            run = _Run(call, rid, calls, trace, client)
+            run = _Run(call, rid, calls, trace, client, deadline)
             if not call.is_batch:
                 return await self.search(call.queries[0], run)
             answers = await asyncio.gather(
@@ -395,6 +401,7 @@ class SearchApi:
                 calls=run.calls,
                 key=key,
                 client=run.client,
+                deadline=run.deadline,
             )
             results = self._results(answer, search.count, wall)
             part = "empty" if answer.part == "results" and not results else answer.part
@@ -484,6 +491,7 @@ class _Run:
     calls: CallBudget  # vendor calls left to the whole request
     trace: SearchTrace
     client: str = ""  # the known client calling (clients:), else ""
+    deadline: float | None = None  # when every attempt must be done (None: each route's own)
 
 
 def _all_failed(tried: list[Tried]) -> ProxyError:

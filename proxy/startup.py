@@ -3,10 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-
 import aiohttp
-import structlog
 
 from policies.core.clock import SYSTEM_CLOCK
 from policies.core.redislink import RedisLink
@@ -15,7 +12,7 @@ from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate
 from proxy.config import Config, ConfigError, ConfigErrors
 from proxy.metrics import Metrics
-from proxy.pipeline import Deps, Route, build_route
+from proxy.pipeline import Deps, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
 
@@ -63,20 +60,10 @@ async def check_startup(config: Config, *, whole: bool = True) -> None:
         raise ConfigErrors(errors)
 
 
-def warn_missing_keys(routes: Mapping[str, Route], providers: Sequence[str]) -> None:
-    """One warning naming what to set for each provider of /v1/search and /mcp that has no key
-    of its own (its key's variable unset): both skip it, and otherwise only a request refused
-    for it would say so."""
-    unkeyed = {
-        name: route.key_variable or f"routes.{name}.headers.set.{route.missing_key}"
-        for name in providers
-        if (route := routes.get(name)) is not None and route.missing_key is not None
-    }
-    if unkeyed:
-        structlog.get_logger("search_proxy").warning(
-            "providers_without_key",
-            providers=unkeyed,
-            hint="POST /v1/search and /mcp skip these providers: export each variable before "
-            "starting the proxy (a /v1/search request's credentials can stand in); their own "
-            "routes pass the agent's key through",
-        )
+async def startup_errors(partial: Config) -> tuple[ConfigError, ...]:
+    """What start-up refuses in the parts of a broken config that parsed (a weak token ...)."""
+    try:
+        await check_startup(partial, whole=False)
+    except ConfigErrors as exc:
+        return exc.errors
+    return ()

@@ -22,7 +22,13 @@ Before answering, a tool sleeps each of ``progress_gaps`` then sends one progres
 ``silent`` seconds without any event. Each sent notification is recorded in ``fake.progress``.
 
 Failures (``tools/call`` only, in arrival order): the first ``fail_first`` calls fail, then each
-fails with probability ``fail_rate`` (``random.Random(seed)``). How, by ``fail_mode``:
+fails with probability ``fail_rate`` (``random.Random(seed)``). Apart from those, the first
+``fail_initialize`` ``initialize`` requests get HTTP 503 (a blip while an agent connects).
+With ``api_key`` set, a request without it gets 401 and, as Tavily's server answers, a
+``WWW-Authenticate`` naming the server's own OAuth metadata. ``set_cookie`` makes every answer
+set that cookie, as a load balancer's sticky session does.
+Every request on the endpoint is counted in ``fake.requests`` (``"POST tools/list"``, ``"GET"``,
+``"DELETE"``), refused ones included. How, by ``fail_mode``:
 ``http_503`` (HTTP 503 + small JSON body, the tool never runs), ``jsonrpc_error`` (HTTP 200,
 application/json, JSON-RPC error -32603 with the request's id), ``tool_error`` (the tool raises
 after its waits: ``isError: true``, text containing FAIL_MESSAGE), ``mixed`` (one of the three
@@ -94,11 +100,14 @@ class FakeMcp:
     fail_rate: float = 0.0
     fail_mode: FailMode = "http_503"
     fail_first: int = 0
+    fail_initialize: int = 0  # the first this many initialize requests get HTTP 503
+    set_cookie: str | None = None  # a Set-Cookie value every answer carries
     json_response: bool = False  # True: answer POSTs with JSON instead of SSE
     api_key: str | None = None  # set: anything without "Authorization: Bearer <key>" gets 401
     path: str = "/mcp"
     # records
     calls: list[Call] = field(default_factory=list)
+    requests: list[str] = field(default_factory=list)  # "<METHOD> <JSON-RPC method>", in order
     progress: list[Progress] = field(default_factory=list)
     initializes: int = 0
     session_ids: set[str] = field(default_factory=set)  # issued (Mcp-Session-Id answered)
@@ -123,6 +132,7 @@ class FakeMcp:
     def reset(self) -> None:
         """Forget the records; the seeded RNG restarts (knobs stay)."""
         self.calls.clear()
+        self.requests.clear()
         self.progress.clear()
         self.cancelled.clear()
         self.session_ids.clear()
@@ -256,6 +266,7 @@ class _Recorder:
         except ValueError:
             rpc = None
         rpc = rpc if isinstance(rpc, dict) else {}
+        fake.requests.append(f"{method} {rpc.get('method') or ''}".strip())
         if rpc.get("method") == "initialize":
             fake.initializes += 1
         if rpc.get("method") == "notifications/cancelled":
@@ -275,6 +286,9 @@ class _Recorder:
             fake.calls.append(call)
 
         async def spy(message: Message) -> None:
+            if message["type"] == "http.response.start" and fake.set_cookie is not None:
+                cookie = (b"set-cookie", fake.set_cookie.encode())
+                message = {**message, "headers": [*message.get("headers", []), cookie]}
             if message["type"] == "http.response.start":
                 status: int = message["status"]
                 session_id = Headers(raw=message.get("headers", [])).get("mcp-session-id")
@@ -287,7 +301,14 @@ class _Recorder:
             await send(message)
 
         if fake.api_key is not None and headers.get("authorization") != f"Bearer {fake.api_key}":
-            await _send_json(spy, 401, {"error": "unauthorized"})
+            # As Tavily's: the challenge names the server's own OAuth metadata.
+            origin = (fake.url or "").removesuffix(fake.path)
+            metadata = f"{origin}/.well-known/oauth-protected-resource{fake.path}"
+            challenge = f'Bearer resource_metadata="{metadata}"'
+            await _send_json(spy, 401, {"error": "unauthorized"}, challenge=challenge)
+            return
+        if rpc.get("method") == "initialize" and fake.initializes <= fake.fail_initialize:
+            await _send_json(spy, 503, {"error": "unavailable", "message": FAIL_MESSAGE})
             return
         if call is not None:
             call.failure = fake._decide_failure()
@@ -314,11 +335,19 @@ class _Recorder:
         await self.app(scope, replay, spy)
 
 
-async def _send_json(send: Send, status: int, payload: Any, session_id: str | None = None) -> None:
+async def _send_json(
+    send: Send,
+    status: int,
+    payload: Any,
+    session_id: str | None = None,
+    challenge: str | None = None,
+) -> None:
     body = json.dumps(payload).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     if session_id:
         headers.append((b"mcp-session-id", session_id.encode()))
+    if challenge:
+        headers.append((b"www-authenticate", challenge.encode()))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
@@ -392,6 +421,7 @@ def main(argv: list[str] | None = None) -> None:
     p.add_argument("--fail-mode", choices=(*FAIL_MODES, "mixed"), default="http_503")
     p.add_argument("--empty-over-words", type=int, default=None)
     p.add_argument("--json-response", action="store_true")
+    p.add_argument("--silent", type=float, default=0.0, help="seconds each tool call is silent")
     args = p.parse_args(argv)
     fake = FakeMcp(
         seed=args.seed,
@@ -399,6 +429,7 @@ def main(argv: list[str] | None = None) -> None:
         fail_mode=args.fail_mode,
         empty_over_words=args.empty_over_words,
         json_response=args.json_response,
+        silent=args.silent,
     )
 
     async def serve() -> None:

@@ -22,10 +22,23 @@ class ProxyProcess:
     listening; `.lines` holds everything it writes (stdout and stderr, line by line). Both
     listeners take free ports."""
 
-    def __init__(self, config: dict[str, Any], env: dict[str, str] | None = None) -> None:
-        fd, self.config_path = tempfile.mkstemp(suffix=".yaml", prefix="search-proxy-")
-        with os.fdopen(fd, "w") as f:
-            yaml.safe_dump(config, f)
+    def __init__(
+        self,
+        config: dict[str, Any] | None,
+        env: dict[str, str] | None = None,
+        *,
+        config_path: str | None = None,
+    ) -> None:
+        """`config` is written to a temporary file, or to `config_path` (kept at the end);
+        None: `config_path` holds the config already (a ConfigMap-like mount of symlinks)."""
+        self._own_file = config_path is None
+        if config_path is None:
+            fd, config_path = tempfile.mkstemp(suffix=".yaml", prefix="search-proxy-")
+            os.close(fd)
+        self.config_path = config_path
+        if config is not None:
+            with open(config_path, "w") as f:
+                yaml.safe_dump(config, f)
         self.env = {**os.environ, **(env or {})}
         self.child: Child | None = None
         self.lines: list[str] = []
@@ -97,7 +110,8 @@ class ProxyProcess:
             return code
         finally:
             self.child.stop()
-            os.unlink(self.config_path)
+            if self._own_file:
+                os.unlink(self.config_path)
 
     def __enter__(self) -> ProxyProcess:
         return self.start()

@@ -534,7 +534,7 @@ async def test_memory_store_clears_only_the_given_route() -> None:
 async def test_a_miss_is_stored_and_the_next_request_is_a_hit_without_a_vendor_call() -> None:
     clock, events = ManualClock(), RecordingEvents()
     cache = make_cache(clock, events=events)
-    vendor = Vendor(ok(Set_Cookie="s=1", Date="x"))
+    vendor = Vendor(ok(X_RateLimit_Remaining="3", Date="x"))
     first_flow = make_flow(clock)
     first = await cache.handle(first_flow, vendor)
     assert first.headers["X-Cache"] == "MISS"
@@ -550,7 +550,7 @@ async def test_a_miss_is_stored_and_the_next_request_is_a_hit_without_a_vendor_c
     assert hit.headers["Age"] == "5"
     assert hit.headers["Cache-Status"] == "search-proxy; hit; ttl=54"
     assert hit.headers["Content-Type"] == "application/json"
-    assert "Set-Cookie" not in hit.headers and "Date" not in hit.headers
+    assert "X-RateLimit-Remaining" not in hit.headers and "Date" not in hit.headers
     assert flow.trace.cache == "hit"
     assert events.results == ["store", "miss", "hit"]
 
@@ -801,6 +801,62 @@ async def test_client_errors_are_not_hidden_behind_stale_data(failure: Answer) -
     else:
         reply = await cache.handle(make_flow(clock), Vendor(failure))
         assert reply.status == failure.status and reply.headers["X-Cache"] == "MISS"
+
+
+@pytest.mark.parametrize("header", ["Mcp-Session-Id", "Set-Cookie"])
+async def test_an_answer_that_opens_a_session_is_never_stored(header: str) -> None:
+    """Like nginx's and Varnish's caches: the next caller would get a session not its own."""
+    clock, events = ManualClock(), RecordingEvents()
+    cache = make_cache(clock, events=events)
+    vendor = Vendor(ok(**{header.replace("-", "_"): "s-1"}))
+    for _ in range(2):
+        reply = await cache.handle(make_flow(clock), vendor)
+        assert reply.headers[header] == "s-1" and reply.headers["X-Cache"] == "MISS"
+    assert vendor.calls == 2 and "store" not in events.results
+
+
+INITIALIZE = b'{"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": {}}'
+
+
+@pytest.mark.parametrize(
+    ("body", "headers"),
+    [
+        (INITIALIZE, {}),
+        (b"[" + INITIALIZE + b"]", {}),  # a batch
+        (b'{"jsonrpc":"2.0","method":"notifications/initialized"}', {}),
+        (QUERY, {"Mcp-Session-Id": "s-1"}),
+    ],
+)
+async def test_session_traffic_on_a_plain_route_is_neither_read_stored_nor_coalesced(
+    body: bytes, headers: dict[str, str]
+) -> None:
+    clock, events = ManualClock(), RecordingEvents()
+    cache = make_cache(clock, events=events)
+    gate = asyncio.Event()
+    vendor = Vendor(ok(body=b'{"jsonrpc":"2.0","id":0,"result":{}}'), gate=gate)
+    pending = [
+        asyncio.create_task(cache.handle(make_flow(clock, body, headers=headers), vendor))
+        for _ in range(2)
+    ]
+    await eventually(lambda: vendor.active == 2)  # both reached the vendor: not coalesced
+    gate.set()
+    replies = await asyncio.gather(*pending)
+    assert all(r.headers["X-Cache"] == "BYPASS" for r in replies)
+    await cache.handle(make_flow(clock, body, headers=headers), vendor)
+    assert vendor.calls == 3 and events.results == ["bypass"] * 3
+
+
+async def test_an_mcp_routes_tool_call_with_a_key_of_its_own_is_cached() -> None:
+    """The route read the message and gave the key (`key_body`): the cache's to keep."""
+    clock = ManualClock()
+    cache = make_cache(clock)
+    vendor = Vendor()
+    call = b'{"jsonrpc":"2.0","id":3,"method":"tools/call","params":{"name":"s"}}'
+    for request_id in (3, 4):
+        flow = make_flow(clock, call.replace(b'"id":3', b'"id":%d' % request_id))
+        flow = flow.with_request(replace(flow.request, key_body=b'{"tool":"s"}'))
+        await cache.handle(flow, vendor)
+    assert vendor.calls == 1
 
 
 # --- coalescing in one process ----------------------------------------------------------------

@@ -119,7 +119,8 @@ async def test_unknown_tokens_cost_no_vendor_call_no_bucket_and_no_quota(vendor,
         p for p in client.app[STATE].routes["tavily"].policies if isinstance(p, RateLimit)
     ]
     assert isinstance(limiter.store, MemoryBuckets) and len(limiter.store) == 0
-    assert await metric(client, "search_proxy_ratelimit_buckets{") is None
+    buckets = await metric(client, 'search_proxy_ratelimit_buckets{route="tavily"}')
+    assert buckets is not None and float(buckets.split()[-1]) == 0  # the series reads 0
     assert (await tavily_search(client, A_TOKEN)).status == 200  # agent-a's one request is intact
 
 

@@ -165,12 +165,12 @@ def test_invalid_yaml_is_located(tmp_path):
 
 
 def test_redacted_hides_secrets():
-    raw = minimal(headers={"set": {"Authorization": "Bearer sk-live-1", "X-Other": "plain"}})
+    raw = minimal(headers={"set": {"Authorization": "Bearer sk-live-1", "X-Other": "plain-value"}})
     raw["redis"] = {"url": "redis://:hunter2@127.0.0.1:6379/0"}
     raw["server"] = {"admin_token": "tok-123"}
     shown = str(redacted(parse_config(raw, {})))
     # Every headers.set value: a route's headers are where keys are configured, by any name.
-    for secret in ("sk-live-1", "hunter2", "tok-123", "plain"):
+    for secret in ("sk-live-1", "hunter2", "tok-123", "plain-value"):
         assert secret not in shown
     assert "'X-Other': '<redacted>'" in shown
 

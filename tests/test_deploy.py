@@ -43,7 +43,7 @@ from yamllint.config import YamlLintConfig
 from proxy import cli
 from proxy.app import STATE
 from proxy.config import load_config, parse_duration
-from proxy.metrics import BREAKER_STATES, STATUS_CLASSES
+from proxy.metrics import BREAKER_STATES, RELOAD_RESULTS, STATUS_CLASSES
 from testkit.fakevendor import Fault
 from testkit.procs import Child, free_port
 from testkit.redisha import PROXY_COMMANDS
@@ -92,6 +92,17 @@ LABEL_VALUES = {
     ("search_proxy_breaker_transitions", "to"): set(BREAKER_STATES),
     ("search_proxy_breaker_probes", "result"): {"ok", "failed"},
     ("search_proxy_redis_transitions", "to"): {"up", "down"},
+    ("search_proxy_config_reloads", "result"): set(RELOAD_RESULTS),
+}
+# Series without a route label: the dashboard's $route does not apply to them.
+NOT_PER_ROUTE = {
+    "search_proxy_redis_up",
+    "search_proxy_redis_configured",
+    "search_proxy_redis_transitions_total",
+    "search_proxy_search_provider_outcomes_total",
+    "search_proxy_config_reloads_total",
+    "search_proxy_config_info",
+    "search_proxy_build_info",
 }
 # Kinds that no Kubernetes schema covers: each gets a structural check of its own instead.
 CRD_KINDS = {("monitoring.coreos.com/v1", "ServiceMonitor")}
@@ -356,9 +367,8 @@ def test_dashboard_structure() -> None:
             quantiles.update(QUANTILE.findall(expr))
             for name, body in SELECTOR.findall(expr):
                 # Every per-route series follows the route variable.
-                if name not in ("search_proxy_redis_up", "search_proxy_redis_transitions_total"):
-                    if not name.startswith("search_proxy_search_provider_outcomes"):
-                        assert 'route=~"$route"' in body, f"{panel['title']}: {name} ignores $route"
+                if name not in NOT_PER_ROUTE:
+                    assert 'route=~"$route"' in body, f"{panel['title']}: {name} ignores $route"
             if "_bucket" in expr:
                 assert "histogram_quantile" in expr and re.search(r"by \(le\b", expr), expr
     # What the dashboard is for (the issue's list of panels).
@@ -371,6 +381,10 @@ def test_dashboard_structure() -> None:
         "search_proxy_cache_total",
         "search_proxy_ratelimit_total",
         "search_proxy_redis_up",
+        "search_proxy_redis_configured",
+        "search_proxy_config_reloads_total",
+        "search_proxy_config_info",
+        "search_proxy_build_info",
     ):
         assert name in used, f"no panel shows {name}"
     for metric in ("search_proxy_request_duration_seconds", "search_proxy_overhead_seconds"):
@@ -901,8 +915,9 @@ def memory_bytes(quantity: str) -> int:
 def test_worst_case_cache_memory_fits_each_proxy_containers_memory_limit(
     builds: dict[str, list[dict[str, Any]]], tmp_path: Path
 ) -> None:
-    """Every cached route may fill its in-process LRU to `cache.max_bytes`; all of them together,
-    plus the proxy itself, must stay under the container's limit, or the kernel kills it."""
+    """Every cached route may fill its in-process LRU to `cache.max_bytes`, and /v1/fetch's page
+    cache to `fetch_api.cache.max_bytes`; all of them together, plus the proxy itself, must stay
+    under the container's limit, or the kernel kills it."""
     for name, docs in builds.items():
         path = tmp_path / f"{name}.yaml"
         path.write_text(find(docs, "ConfigMap")[0]["data"]["config.yaml"])
@@ -910,6 +925,8 @@ def test_worst_case_cache_memory_fits_each_proxy_containers_memory_limit(
         caches = {
             r.name: r.section("cache").max_bytes for r in config.routes.values() if r.has("cache")
         }
+        if config.fetch_api.providers and config.fetch_api.cache.enabled:  # the page cache
+            caches["fetch_api"] = config.fetch_api.cache.max_bytes
         assert caches, f"{name}: no cached routes: this check would prove nothing"
         for _, pod in pod_specs(docs):
             for container in proxy_containers(pod):

@@ -15,15 +15,18 @@ import shutil
 import subprocess
 import sys
 from collections.abc import Iterator
+from fnmatch import fnmatch
 from pathlib import Path
 from typing import Any
 
 import pytest
 import yaml
 
+from proxy import oauth
 from proxy.app import build_admin_app, build_app
 from proxy.config import ConfigErrors, parse_config
 from proxy.metrics import Metrics
+from proxy.reload import RESTART_ONLY
 from proxy.testing.harness import DEMO_CONFIG
 from testkit.procs import ROOT, Child, free_port
 
@@ -213,9 +216,12 @@ def test_every_key_the_config_accepts_is_documented_and_every_documented_key_exi
 
 
 def exported_metrics() -> dict[str, tuple[str, ...]]:
-    """Every metric the proxy registers, by its exposed name, with its label names."""
+    """Every metric the proxy registers, by its exposed name, with its label names (Redis's
+    too, registered only with `redis` configured)."""
     out: dict[str, tuple[str, ...]] = {}
-    registry = Metrics().registry
+    metrics = Metrics()
+    metrics.redis_is_configured(True)
+    registry = metrics.registry
     for collector in registry._collector_to_names:  # the registry's own table
         name = getattr(collector, "_name", None)
         if name is None:
@@ -272,7 +278,13 @@ def test_every_endpoint_of_the_agents_port_is_documented_and_exists() -> None:
     # /admin and /admin/... answer where the admin endpoints are: one row, `/admin/...`.
     actual = {(m, "/admin/..." if p.startswith("/admin") else p) for m, p in actual}
     documented = documented_calls("Reserved endpoints")
-    paths = {p for _, p in documented}
+    # What an OAuth client looks for, answered by the catch-all when no route serves it: one
+    # row of patterns (`/.well-known/oauth-*`), each matching a path of proxy/oauth.py's and
+    # every such path matched.
+    answered = (*oauth.DISCOVERY, *oauth.ENDPOINTS)
+    patterns = {p for _, p in documented if any(fnmatch(a, p) for a in answered)}
+    assert all(any(fnmatch(a, p) for p in patterns) for a in answered), patterns
+    paths = {p for _, p in documented} - patterns
     assert {p for _, p in actual} == paths
     for method, path in actual:  # "*": every method reaches the handler, which may refuse
         assert method == "*" or (method, path) in documented, (method, path)
@@ -281,6 +293,15 @@ def test_every_endpoint_of_the_agents_port_is_documented_and_exists() -> None:
 def test_every_admin_endpoint_is_documented_and_exists() -> None:
     app = build_app(parse_config({"routes": {"t": ROUTE}}, {}))
     assert served(build_admin_app(app)) == documented_calls("Admin endpoints")
+
+
+def test_the_reload_section_names_every_restart_only_setting() -> None:
+    text = sections(DOCS / "endpoints.md")["Reload (SIGHUP, POST /admin/reload, the file watch)"]
+    for path in RESTART_ONLY:
+        if path == "server.workers":
+            continue  # named for when it exists
+        top, _, key = path.partition(".")
+        assert f"`{key or top}`" in text or f"`{path}`" in text, f"{path} is not named"
 
 
 # --------------------------------------------------------------------------- commands

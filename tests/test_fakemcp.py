@@ -3,7 +3,10 @@ and no proxy in between."""
 
 from __future__ import annotations
 
+import asyncio
 import json
+import signal
+import sys
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -18,6 +21,7 @@ from mcp.types import TextContent
 
 from testkit.fakemcp import FAIL_MESSAGE, FakeMcp, serve_fake_mcp
 from testkit.fakevendor import expected_urls
+from testkit.procs import Child
 from testkit.waiting import eventually
 
 KEY = {"Authorization": "Bearer tvly-test"}
@@ -220,3 +224,39 @@ async def test_stop_takes_the_server_down_and_it_can_come_back() -> None:
     async with serve_fake_mcp(fake, port=port) as again, session(again) as s:
         assert again == url
         assert not (await s.call_tool("tavily_search", {"query": "q"})).isError
+
+
+@pytest.mark.parametrize("json_response", [False, True])
+async def test_as_a_process_it_exits_on_sigterm_with_streams_open(json_response: bool) -> None:
+    """A client's GET stream and a tool call silent for 30 s hold connections open: SIGTERM
+    still ends the process within its graceful shutdown (1 s), with exit code 0."""
+    flags = ["--json-response"] if json_response else []
+    child = Child(
+        "fakemcp",
+        [sys.executable, "-m", "testkit.fakemcp", "--port", "0", "--silent", "30", *flags],
+        pipe_stdout=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{child.read_port(20)}/mcp"
+        async with httpx.AsyncClient(headers={**ACCEPT, **KEY}, timeout=10) as http:
+            init = {"protocolVersion": "2025-06-18", "capabilities": {}}
+            init["clientInfo"] = {"name": "raw", "version": "0"}
+            rpc = {"jsonrpc": "2.0", "id": 0, "method": "initialize", "params": init}
+            in_session = {
+                "Mcp-Session-Id": (await http.post(url, json=rpc)).headers["mcp-session-id"]
+            }
+            ready = {"jsonrpc": "2.0", "method": "notifications/initialized"}
+            await http.post(url, json=ready, headers=in_session)
+            params = {"name": "tavily_search", "arguments": {"query": "q"}}
+            call = {"jsonrpc": "2.0", "id": 1, "method": "tools/call", "params": params}
+            silent = asyncio.create_task(http.post(url, json=call, headers=in_session))
+            get = {**in_session, "Accept": "text/event-stream"}
+            async with http.stream("GET", url, headers=get) as stream:
+                assert stream.status_code == 200
+                child.proc.send_signal(signal.SIGTERM)
+                await eventually(lambda: not child.alive(), within=5)
+            with pytest.raises(httpx.TransportError):
+                await silent
+        assert child.proc.returncode == 0
+    finally:
+        child.kill()

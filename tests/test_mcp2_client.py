@@ -88,7 +88,7 @@ async def test_an_mcp2_agent_on_the_proxys_own_web_search(
     }
     proxy = await start_proxy(raw)
     seen = await run_agent(str(proxy.make_url("/mcp")), "--tool", "web_search")
-    assert seen["version"].startswith("2.") and seen["tools"] == ["web_search"]
+    assert seen["version"].startswith("2.") and seen["tools"] == ["fetch_page", "web_search"]
     answers = [seen["one"], *seen["many"], seen["long"]]
     assert all(not a["is_error"] and a["structured"]["results"] for a in answers), answers
     assert all(r["provider"] == "brave" for a in answers for r in a["structured"]["results"])

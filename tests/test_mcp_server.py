@@ -24,7 +24,8 @@ from mcp.client.streamable_http import streamable_http_client
 
 from proxy.app import build_app
 from proxy.config import ConfigErrors, McpServerConfig, as_document, parse_config
-from proxy.mcp_server import ARGUMENTS, TOOL_NAME, refusal, render_text
+from proxy.mcp_server import refusal
+from proxy.mcp_tool import ARGUMENTS, TOOL_NAME, render_text
 from proxy.search_api import SearchApi
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from testkit.procs import free_port
@@ -126,7 +127,7 @@ async def test_initialize_and_list_tools_show_web_search_with_its_schemas(proxy:
         assert init.serverInfo.name == "search-proxy"
         assert init.capabilities.tools is not None
         tools = (await mcp.list_tools()).tools
-    assert [t.name for t in tools] == [TOOL_NAME]
+    assert [t.name for t in tools] == [TOOL_NAME, "fetch_page"]  # fetch_page: tavily extracts
     tool = tools[0]
     schema = tool.inputSchema
     assert schema["required"] == ["query"] and schema["additionalProperties"] is False
@@ -252,10 +253,10 @@ async def test_optional_arguments_sent_as_null_count_as_not_sent(
 
 async def test_an_unknown_tool_is_a_tool_error(proxy: Any) -> None:
     async with session(mcp_url(proxy)) as mcp:
-        result = await mcp.call_tool("fetch_page", {"url": "https://example.com"})
+        result = await mcp.call_tool("book_flight", {"to": "Lisbon"})
     assert result.isError is True
-    assert text_of(result) == "there is no tool 'fetch_page' here: this server has one tool, " + (
-        "web_search"
+    assert text_of(result) == (
+        "there is no tool 'book_flight' here: its tools are web_search, fetch_page"
     )
 
 
@@ -491,7 +492,7 @@ async def test_with_clients_a_known_token_is_required_and_names_the_caller(
             tools = await mcp.list_tools()  # initialize and list_tools spend no quota
             first = await mcp.call_tool(TOOL_NAME, {"query": QUERY})
             second = await mcp.call_tool(TOOL_NAME, {"query": QUERY})
-    assert [t.name for t in tools.tools] == [TOOL_NAME]
+    assert [t.name for t in tools.tools] == [TOOL_NAME, "fetch_page"]
     assert first.isError is False
     assert second.isError is True
     assert text_of(second).startswith("client 'agent' has used its daily quota of 1 requests")
@@ -629,7 +630,13 @@ def test_mcp_server_defaults_and_round_trip() -> None:
         ({"path": "/a b"}, "mcp_server.path", "cannot appear in a path prefix"),
         ({"path": "/tavily"}, "mcp_server.path", "collides with routes.tavily.prefix"),
         ({"path": "/brave/mcp"}, "mcp_server.path", "collides with routes.brave.prefix"),
-        ({"port": 8090}, "mcp_server.port", "unknown key (allowed: enabled, path, allow_remote)"),
+        ({"call_timeout": "0s"}, "mcp_server.call_timeout", "above 0 and at most 600s"),
+        ({"call_timeout": "1h"}, "mcp_server.call_timeout", "above 0 and at most 600s"),
+        (
+            {"port": 8090},
+            "mcp_server.port",
+            "unknown key (allowed: enabled, path, allow_remote, call_timeout)",
+        ),
     ],
 )
 def test_bad_mcp_server_values_name_the_yaml_path(section: Any, path: str, reason: str) -> None:

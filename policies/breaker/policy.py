@@ -80,6 +80,7 @@ class Breaker:
         )
         self._running = False
         self._tasks: list[asyncio.Task[None]] = []
+        self._since = clock.now()  # when the circuit entered its current state
 
     @property
     def state(self) -> str:
@@ -98,6 +99,10 @@ class Breaker:
         admitted = _ADMITTED.get()
         epoch = admitted[1] if admitted is not None and admitted[0] is self else None
         return self._circuit.halts_retries(epoch)
+
+    def seconds_in_state(self) -> float:
+        """Seconds since the circuit entered its current state (or since it was built)."""
+        return max(0.0, self._clock.now() - self._since)
 
     def seconds_until_half_open(self) -> float:
         """Seconds until an open circuit admits a probe; 0 when it is not open."""
@@ -172,6 +177,7 @@ class Breaker:
         """Do what a change of the circuit calls for: report and announce a transition, and
         queue a local change for the other replicas."""
         if change.entered is not None:
+            self._since = self._clock.now()
             self._events.breaker_transition(self.route, change.entered)
             self._waiters.announce()
         if change.share is not None and self._fleet is not None:
@@ -189,15 +195,22 @@ def probe_sender(probe: ProbeConfig, send: SideRequest) -> ProbeSender:
 
 
 def build(cfg: BreakerConfig, route: Build) -> Breaker:
-    breaker = Breaker(
-        route.route.name,
-        cfg,
-        route.clock,
-        route.events,
-        route.redis,
-        # A probe's fleet-wide slot lasts as long as the probe itself may.
-        probe_lease=route.route.timeouts.total,
-        send_probe=probe_sender(cfg.probe, route.side_request) if cfg.probe else None,
+    r = route.route
+    # A reload keeps the breaker (its state and background tasks) while its section and the
+    # upstream it judges (and probes) are unchanged; the probe's headers are read when sent.
+    breaker = route.keep(
+        "breaker",
+        (cfg, r.upstream, r.timeouts, r.max_response_bytes),
+        lambda: Breaker(
+            r.name,
+            cfg,
+            route.clock,
+            route.events,
+            route.redis,
+            # A probe's fleet-wide slot lasts as long as the probe itself may.
+            probe_lease=r.timeouts.total,
+            send_probe=probe_sender(cfg.probe, route.side_request) if cfg.probe else None,
+        ),
     )
     # The retry loop stops once the breaker opens: its retries would only hit a vendor known
     # to be down.

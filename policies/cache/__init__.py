@@ -6,13 +6,22 @@ Pure decisions in `key` and `entry`, byte stores in `store`, the cross-replica f
 from collections.abc import Callable
 
 from policies.cache.config import SECTION, CacheConfig
-from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
+from policies.cache.entry import (
+    SESSION_HEADERS,
+    Entry,
+    Freshness,
+    default_storable,
+    entry_from_reply,
+    freshness,
+    opens_session,
+)
 from policies.cache.key import (
     NO_KNOWN_CREDENTIALS,
     Directives,
     KnownCredentials,
     cache_key,
     request_directives,
+    session_traffic,
 )
 from policies.cache.lock import FetchLock, Found, Lease, LockAsk, LockState, LockStore, Poll
 from policies.cache.policy import StaleCache
@@ -35,6 +44,7 @@ __all__ = [
     "LINK",
     "NO_KNOWN_CREDENTIALS",
     "SECTION",
+    "SESSION_HEADERS",
     "CacheConfig",
     "CacheStore",
     "Cleared",
@@ -59,7 +69,9 @@ __all__ = [
     "entry_from_reply",
     "freshness",
     "known_credentials",
+    "opens_session",
     "request_directives",
+    "session_traffic",
 ]
 
 
@@ -87,10 +99,16 @@ def _storable(classify: Classifier) -> Callable[[Reply], bool]:
 
 def build(cfg: CacheConfig, route: Build) -> StaleCache:
     reads_answers = route.profile is not None or route.route.has("mcp")
+    # A reload keeps the entries while the section and what the answers come from are unchanged.
+    store = route.keep(
+        "cache store",
+        (cfg, route.route.upstream, route.profile),
+        lambda: build_store(cfg, route.redis, route.clock),
+    )
     return StaleCache(
         route.route.name,
         cfg,
-        build_store(cfg, route.redis, route.clock),
+        store,
         route.clock,
         route.events,
         storable=_storable(route.classify) if reads_answers else default_storable,

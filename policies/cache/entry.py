@@ -70,6 +70,17 @@ def entry_from_reply(reply: Reply, stored_at: float) -> Entry:
     return Entry(reply.status, headers, reply.body, stored_at)
 
 
+# Headers that make an answer one client's own: a session it opened (MCP's Mcp-Session-Id, a
+# cookie). Replayed, the answer would hand the next caller a session that is not its own; like
+# nginx's and Varnish's caches, such answers are never stored.
+SESSION_HEADERS = ("Mcp-Session-Id", "Set-Cookie")
+
+
+def opens_session(reply: Reply) -> bool:
+    """Whether the reply opens (or renews) a session for the client it answered."""
+    return any(name in reply.headers for name in SESSION_HEADERS)
+
+
 def default_storable(reply: Reply) -> bool:
     """A 2xx reply whose body parses when its content type says JSON."""
     if not 200 <= reply.status < 300:

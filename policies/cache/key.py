@@ -59,6 +59,23 @@ def request_directives(headers: CIMultiDict[str]) -> Directives:
     return Directives(no_cache=no_cache, no_store=no_store)
 
 
+def session_traffic(headers: CIMultiDict[str], body: bytes) -> bool:
+    """Whether a request belongs to one client's session: it names an MCP session, or its body
+    is a JSON-RPC message (or batch). Its answer (an `initialize` with the session it opened, a
+    reply under this client's ids) is never another caller's, so the cache leaves it alone,
+    unless the route reads the messages itself and gives a key of its own (`key_body`)."""
+    if "Mcp-Session-Id" in headers:
+        return True
+    if b'"jsonrpc"' not in body:
+        return False
+    try:
+        message = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return False
+    messages = message if isinstance(message, list) else [message]
+    return any(isinstance(m, dict) and "jsonrpc" in m for m in messages)
+
+
 def _text(value: str, field: str | None) -> str:
     value = unicodedata.normalize("NFC", value)
     # str.split() without arguments splits on every run of Unicode whitespace and trims.

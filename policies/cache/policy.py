@@ -11,12 +11,20 @@ from dataclasses import dataclass
 from multidict import CIMultiDict
 
 from policies.cache.config import CacheConfig
-from policies.cache.entry import Entry, Freshness, default_storable, entry_from_reply, freshness
+from policies.cache.entry import (
+    Entry,
+    Freshness,
+    default_storable,
+    entry_from_reply,
+    freshness,
+    opens_session,
+)
 from policies.cache.key import (
     NO_KNOWN_CREDENTIALS,
     KnownCredentials,
     cache_key,
     request_directives,
+    session_traffic,
 )
 from policies.cache.lock import FetchLock, Lease, LockState
 from policies.cache.store import CacheStore, Cleared
@@ -85,20 +93,23 @@ class StaleCache:
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         """Answer from the cache, or call the vendor and store; serve stale if the vendor fails."""
-        if flow.request.method not in self.cfg.methods:
+        request = flow.request
+        if request.method not in self.cfg.methods:
             return await self._bypass(flow, call_next)
-        directives = request_directives(flow.request.headers)
+        directives = request_directives(request.headers)
         if directives.no_store:
             return await self._bypass(flow, call_next)
+        if request.key_body is None and session_traffic(request.headers, request.body):
+            return await self._bypass(flow, call_next)  # neither read, stored nor coalesced
         key = cache_key(
             self.route,
-            flow.request.method,
-            flow.request.path,
-            flow.request.query_string,
-            flow.request.body if flow.request.key_body is None else flow.request.key_body,
-            flow.request.headers,
+            request.method,
+            request.path,
+            request.query_string,
+            request.body if request.key_body is None else request.key_body,
+            request.headers,
             self.cfg,
-            flow.request.client,
+            request.client,
             self.known,
         )
         pending = self._inflight.get(key)
@@ -261,6 +272,7 @@ class StaleCache:
             and reply.provider is None
             and 200 <= reply.status < 300
             and len(reply.body) <= self.cfg.max_entry_bytes
+            and not opens_session(reply)
             and self.storable(reply)
         )
 

@@ -14,6 +14,7 @@ from types import MappingProxyType
 from typing import Any, Literal
 
 from policies.core.errors import ProxyError
+from policies.core.extract import ExtractApi
 from policies.core.options import NO_OPTIONS, VendorOptions
 
 QueryKind = Literal["json", "query", "form", "path"]
@@ -201,6 +202,7 @@ class VendorProfile:
     answer: AnswerTemplate = dataclasses.field(default_factory=AnswerTemplate)
     error_shape: ErrorShape | None = None  # None: the proxy's own `{"error": {...}}`
     mcp: McpPreset | None = None  # the vendor's remote MCP server, where it has one
+    extract: ExtractApi | None = None  # its API reading pages by URL (/v1/fetch), where it has one
     # The built-in this profile `extends` ("" for a built-in, or a profile from scratch), so the
     # effective config shows it; nothing decides by it.
     family: str = dataclasses.field(default="", compare=False)

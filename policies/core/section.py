@@ -16,6 +16,7 @@ from typing import Any, Generic, Protocol, TypeVar
 from policies.core.clock import Clock
 from policies.core.events import Events
 from policies.core.flow import Classifier, Handler, Policy
+from policies.core.kept import Kept
 from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
@@ -119,6 +120,8 @@ class Build:
     side_request: SideRequest
     # App-wide parts a policy makes once for all routes (failover's record of spent plans).
     shared: dict[str, Any] = field(default_factory=dict)
+    # The stateful parts of the build before a config reload, for `keep`.
+    kept: Kept = field(default_factory=Kept)
     # Left by earlier links for later ones.
     halt_retries: Callable[[], bool] | None = None  # by the breaker, for the retry loop
     retry_budget: Budget | None = None  # by the retry loop, for the hedge
@@ -130,13 +133,19 @@ class Build:
         found: T = self.shared[name]
         return found
 
+    def keep(self, part: str, inputs: object, make: Callable[[], T]) -> T:
+        """The route's stateful `part` (a breaker, a store, a window): the one built before a
+        config reload when made from equal `inputs` (its section's config and the route settings
+        it reads), so its state lives on; else a new one from `make`."""
+        return self.kept.take(self.route.name, part, inputs, make)
+
 
 @dataclass(frozen=True)
 class Link(Generic[C]):
     """One place in the chain: the policy `build` makes from the route's `section` config (None:
     nothing at this place, e.g. a failover that belongs on the other side of the cache)."""
 
-    name: str  # the policy as the README's chain names it
+    name: str  # the policy as docs/request-flow.md's chain names it
     section: Section[C]
     build: Callable[[C, Build], Policy | None]
     # The config of a route that leaves the section out; None: the policy is left out too.

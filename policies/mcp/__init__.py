@@ -12,7 +12,11 @@ the proxy read the messages:
   the config marks transient is a 5xx, an empty search result inside the tool's content is
   EMPTY (so the query is simplified), anything else ends the call.
 - Everything else (`initialize`, notifications, other methods, tools not known to be
-  idempotent, the GET stream, DELETE) passes straight through, never cached or coalesced.
+  idempotent, the GET stream, DELETE) passes straight through, never cached or coalesced;
+  `initialize` and `notifications/initialized` with the route's retries (policies/mcp/
+  lifecycle.py). A session belongs to the credentials that opened it (sessions.py); while the
+  server is down, a route with a cache opens sessions itself from what the server last said
+  (offline.py), so an agent starting then gets its idempotent tool calls answered stale.
 
 Each attempt goes upstream under an id of its own, and every answer (fresh, retried, cached,
 stale) reaches the agent under the agent's own JSON-RPC id. A failure the proxy answers
@@ -41,7 +45,8 @@ from policies.mcp.messages import (
     sse_event,
     tool_error,
 )
-from policies.mcp.route import McpRoute, McpUpstream
+from policies.mcp.route import McpRoute, McpUpstream, build_route
+from policies.mcp.sessions import SessionOwners
 
 __all__ = [
     "KNOWN_SERVERS",
@@ -53,8 +58,10 @@ __all__ = [
     "McpConfig",
     "McpRoute",
     "McpUpstream",
+    "SessionOwners",
     "SseParser",
     "assess",
+    "build_route",
     "encode",
     "is_response",
     "mcp_classifier",

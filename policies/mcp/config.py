@@ -15,12 +15,15 @@ from policies.core.section import Section
 from policies.core.settings import (
     ConfigError,
     any_keys,
+    boolean,
     choice,
     fields,
     join,
+    positive_duration,
     text,
     texts,
     whole,
+    whole_in,
 )
 from policies.vendors import BUILTIN
 
@@ -45,6 +48,11 @@ class McpConfig:
     search_tools: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     transient_errors: frozenset[int] = TRANSIENT_CODES
     transient_tool_errors: tuple[str, ...] = TRANSIENT_TOOL_ERRORS
+    # Sessions remembered (their owner; the ones the proxy opened), and how long an unused one is.
+    max_sessions: int = 10_000
+    session_idle: float = 86_400.0
+    # With a cache on the route: answer `initialize` itself while the server is down.
+    offline_sessions: bool = True
 
 
 _TOOL_NAME = re.compile(r"^[A-Za-z0-9_./-]{1,128}$")
@@ -92,6 +100,9 @@ def parse(raw: Any, path: str) -> McpConfig:
             "search_tools": search_tools,
             "transient_errors": codes,
             "transient_tool_errors": phrases,
+            "max_sessions": whole_in(1, 10_000_000),
+            "session_idle": positive_duration,
+            "offline_sessions": boolean,
         },
     )
     idempotent = found.get("idempotent_tools", frozenset(preset.idempotent_tools))

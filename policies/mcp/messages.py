@@ -3,17 +3,38 @@ answer means for the route's policies."""
 
 from __future__ import annotations
 
+import itertools
 import json
+import secrets
 from collections.abc import Mapping
 from typing import Any
 
-from policies.core.errors import ClientFault, ProxyError
-from policies.core.flow import Reply
+from multidict import CIMultiDict
+
+from policies.core.errors import ClientFault, ProxyError, StreamCut, UpstreamUnreachable
+from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
 from policies.mcp.config import McpConfig
 
 # The code of the JSON-RPC errors the proxy answers itself (implementation-defined range).
 PROXY_ERROR_CODE = -32099
+# The challenge of a refused request on an MCP route: a server's own may send an OAuth client
+# to the server's metadata, an address the agent is not to use, for a resource that is not the
+# route; the proxy's says what it takes (its OAuth paths explain further, proxy/oauth.py).
+CHALLENGE = (
+    'Bearer realm="search-proxy", error="invalid_token", error_description="this route takes '
+    'a static bearer token: send Authorization: Bearer <key>, not OAuth"'
+)
+# The JSON-RPC ids of the requests the proxy sends upstream itself (a tool call's attempts, the
+# initialize of a session it opens): unique in this process, unguessable across processes
+# (never derived from anything the agent sends, such as its X-Request-Id).
+_ATTEMPT_PREFIX = f"sp-{secrets.token_hex(6)}-"
+_ATTEMPT_NUMBERS = itertools.count(1)
+
+
+def attempt_id() -> str:
+    """A JSON-RPC id of the proxy's own for a request it sends upstream."""
+    return f"{_ATTEMPT_PREFIX}{next(_ATTEMPT_NUMBERS)}"
 
 
 class Cancelled(ClientFault):
@@ -21,6 +42,14 @@ class Cancelled(ClientFault):
 
     status = 499
     type = "cancelled"
+
+
+class SessionNotFound(ClientFault):
+    """The request names a session this caller did not open (another caller's, or none): as
+    an MCP server answers a session it does not know, with 404, and nothing reaches it."""
+
+    status = 404
+    type = "session_not_found"
 
 
 def parse_message(body: bytes) -> dict[str, Any] | None:
@@ -76,6 +105,25 @@ class SseParser:
                 events.append(b"\n".join(data))
         del self._buffer[:begin]
         return events
+
+
+async def response_in(reply: Reply, request_id: Any) -> dict[str, Any] | None:
+    """The JSON-RPC response to `request_id` a reply carries, in its JSON body or the SSE
+    stream (read up to it); None when it carries none. A cut stream raises its error."""
+    if reply.stream is None:
+        message = parse_message(reply.body)
+        found = message is not None and is_response(message) and message.get("id") == request_id
+        return message if found else None
+    parser = SseParser()
+    try:
+        async for chunk in reply.stream:
+            for data in parser.feed(chunk):
+                message = parse_message(data)
+                if message is not None and is_response(message) and message.get("id") == request_id:
+                    return message
+    except StreamCut as cut:
+        raise cut.error from None
+    return None
 
 
 def tool_error(request_id: Any, err: ProxyError) -> dict[str, Any]:
@@ -160,3 +208,30 @@ def mcp_classifier(reply: Reply) -> Outcome:
     if reply.outcome is None:
         reply.outcome = Outcome.of_status(reply.status)
     return reply.outcome
+
+
+def json_headers() -> CIMultiDict[str]:
+    return CIMultiDict({"Content-Type": "application/json"})
+
+
+def answered(flow: Flow, message: Mapping[str, Any], err: ProxyError, status: int = 200) -> Reply:
+    """The proxy's answer to a request it could not get answered: `message`, a tool error or
+    JSON-RPC error carrying `err` (HTTP 200 unless `status`: an MCP client tears its session
+    down on an HTTP error), named in `X-Proxy-Error` and on the log line."""
+    flow.trace.error = err.type  # the log line's `error`, also once headers have gone
+    headers = json_headers()
+    headers["X-Proxy-Error"] = err.type
+    return Reply(status, headers, encode(message), outcome=Outcome.CLIENT_ERROR)
+
+
+def no_tail(err: Exception) -> bytes:
+    """The end of a cut GET stream: nothing (the client opens another)."""
+    return b""
+
+
+def cut_event(flow: Flow, request_id: Any, err: Exception, render: Any) -> bytes:
+    """The last event of a stream cut by `err`: the error for the request it answers."""
+    if not isinstance(err, ProxyError):
+        err = UpstreamUnreachable(str(err))
+    flow.trace.error = err.type
+    return sse_event(encode(render(request_id, err)))

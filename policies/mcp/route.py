@@ -1,12 +1,11 @@
 """The two ends of an MCP route's chain: `McpRoute`, which reads each JSON-RPC message and sends
-idempotent tool calls through the chain, and `McpUpstream`, one attempt of a tool call."""
+idempotent tool calls through the chain, and `McpUpstream`, one attempt of a tool call; and
+`build_route`, which puts a route's parts together."""
 
 from __future__ import annotations
 
 import asyncio
-import itertools
-import secrets
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
 from typing import Any
 
@@ -22,35 +21,38 @@ from policies.core.errors import (
     UpstreamUnreachable,
     seconds_text,
 )
-from policies.core.flow import Flow, Handler, Reply
+from policies.core.flow import Flow, Handler, Policy, Reply, compose
 from policies.core.outcome import Outcome
+from policies.core.redislink import RedisLink
 from policies.mcp.config import McpConfig
+from policies.mcp.lifecycle import SessionLifecycle
 from policies.mcp.messages import (
+    CHALLENGE,
     Cancelled,
     SseParser,
+    answered,
     assess,
+    attempt_id,
+    cut_event,
     encode,
     is_response,
+    json_headers,
     parse_message,
     rpc_error,
     sse_event,
     tool_error,
 )
+from policies.mcp.offline import OfflineSessions
+from policies.mcp.sessions import SessionOwners
 
 log = structlog.get_logger("search_proxy.mcp")
 
 
 # Interim messages buffered between the upstream and a slow agent before the relay waits.
 INTERIM_QUEUE = 64
-# The JSON-RPC ids of upstream attempts: unique in this process, unguessable across processes
-# (never derived from anything the agent sends, such as its X-Request-Id).
-_ATTEMPT_PREFIX = f"sp-{secrets.token_hex(6)}-"
-_ATTEMPT_NUMBERS = itertools.count(1)
 
 
 # --- the bottom of a tool call's chain ------------------------------------------------------
-
-_JSON = CIMultiDict({"Content-Type": "application/json"})
 
 
 class McpUpstream:
@@ -70,16 +72,16 @@ class McpUpstream:
         if message is None:  # the edge only sends tool calls here
             raise UpstreamInvalidResponse(f"{self.route}: not a JSON-RPC message", route=self.route)
         tool = str((message.get("params") or {}).get("name", ""))
-        attempt_id = f"{_ATTEMPT_PREFIX}{next(_ATTEMPT_NUMBERS)}"
-        flow.trace.rpc_attempts.append(attempt_id)
-        body = encode({**message, "id": attempt_id})
+        sent_as = attempt_id()
+        flow.trace.rpc_attempts.append(sent_as)
+        body = encode({**message, "id": sent_as})
         reply = await self.upstream(flow.with_request(replace(flow.request, body=body)))
         if not 200 <= reply.status < 300:
             return reply  # the status decides: 429 and 5xx are retried, 4xx passes through
         try:
             remaining = flow.context.deadline - self.clock.now()
             async with asyncio.timeout(max(remaining, 0.0)):
-                final = await self._final(flow, reply, attempt_id)
+                final = await self._final(flow, reply, sent_as)
         except TimeoutError:
             raise DeadlineExceeded(
                 f"{self.route}: the tool call {tool!r} ran past the route's timeouts.total of "
@@ -93,10 +95,10 @@ class McpUpstream:
             reply.discard()
         outcome = assess(self.cfg, tool, final)
         status = 503 if outcome is Outcome.SERVER_ERROR else 200
-        return Reply(status, CIMultiDict(_JSON), encode(final), outcome=outcome)
+        return Reply(status, json_headers(), encode(final), outcome=outcome)
 
-    async def _final(self, flow: Flow, reply: Reply, attempt_id: str) -> dict[str, Any]:
-        """The response to `attempt_id`, from a JSON body or the SSE stream carrying it."""
+    async def _final(self, flow: Flow, reply: Reply, sent_as: str) -> dict[str, Any]:
+        """The response to `sent_as`, from a JSON body or the SSE stream carrying it."""
         if reply.stream is None:
             message = parse_message(reply.body)
             if message is None or not is_response(message):
@@ -109,7 +111,7 @@ class McpUpstream:
                     message = parse_message(data)
                     if message is None:
                         continue
-                    if is_response(message) and message.get("id") == attempt_id:
+                    if is_response(message) and message.get("id") == sent_as:
                         return message
                     if flow.context.interim is not None and not is_response(message):
                         await flow.context.interim(sse_event(encode(message)))
@@ -136,14 +138,24 @@ class McpUpstream:
 
 
 class McpRoute:
-    """An MCP route's handler: tool calls of idempotent tools through `chain`, everything
-    else straight to `upstream`; every answer under the agent's own JSON-RPC id."""
+    """An MCP route's handler: tool calls of idempotent tools through `chain`, the session's
+    own messages (initialize, initialized, DELETE, the GET stream) through `lifecycle`, the
+    rest straight to `upstream`; every answer under the agent's own JSON-RPC id. A request
+    naming a session its caller did not open reaches nothing upstream."""
 
-    def __init__(self, route: str, cfg: McpConfig, chain: Handler, upstream: Handler) -> None:
+    def __init__(
+        self,
+        route: str,
+        cfg: McpConfig,
+        chain: Handler,
+        upstream: Handler,
+        lifecycle: SessionLifecycle,
+    ) -> None:
         self.route = route
         self.cfg = cfg
         self.chain = chain
         self.upstream = upstream
+        self.lifecycle = lifecycle
         # Tool calls in flight by (session, caller, the agent's id): a cancel finds its call.
         # One entry per running request, so it is bounded by the proxy's connections.
         self._running: dict[tuple[str, str, bytes], tuple[asyncio.Task[Reply], Flow]] = {}
@@ -158,16 +170,44 @@ class McpRoute:
         if isinstance(method, str):
             rpc = f"{method} {tool}" if isinstance(tool, str) else method
             flow.trace.rpc = rpc[:120]  # the agent's text: bounded on the log line
+        request_id = message.get("id") if message is not None else None
+        life = self.lifecycle
+        session = flow.request.headers.get("Mcp-Session-Id")
+        if session is not None and not await life.owners.allows(session, flow.request.client):
+            return life.not_yours(flow, session, request_id)
+        if method == "notifications/cancelled":
+            flow = self._cancel(flow, message or {}, params)
+        reply = await life.stand_in(flow, session, method, params, message)
+        if reply is None:
+            reply = await self._dispatch(flow, message, method, params, tool)
+        if session is not None and reply.status == 404:
+            await life.ended(session)  # the server no longer knows it
+        if reply.status in (401, 403) and "WWW-Authenticate" in reply.headers:
+            reply.headers["WWW-Authenticate"] = CHALLENGE
+        return reply
+
+    async def _dispatch(
+        self,
+        flow: Flow,
+        message: dict[str, Any] | None,
+        method: Any,
+        params: dict[str, Any],
+        tool: Any,
+    ) -> Reply:
+        life = self.lifecycle
+        if flow.request.method == "DELETE":
+            return await life.delete(flow)
+        if flow.request.method == "GET":
+            return await life.stream(flow)
         if message is None or method is None or "id" not in message:
-            # Notifications, responses, batches, DELETE, and the GET stream: a silent GET
-            # stream cut by timeouts.idle just ends (the client opens another), no error event.
-            if method == "notifications/cancelled":
-                flow = self._cancel(flow, message or {}, params)
-            reply = await self.upstream(flow)
-            if reply.stream is not None and flow.request.method == "GET":
-                reply.cut_tail = _nothing
-            return reply
+            # Notifications, responses and batches; the one that ends the handshake is
+            # retried like the initialize before it.
+            if method == "notifications/initialized":
+                return await life.handshake(flow)
+            return await self.upstream(flow)
         request_id = message["id"]
+        if method == "initialize":
+            return await life.initialize(flow, request_id, params)
         if (
             method != "tools/call"
             or not isinstance(tool, str)
@@ -176,7 +216,10 @@ class McpRoute:
             # make the answer this session's own: not for the cache.
             or not params.keys() <= {"name", "arguments", "_meta"}
         ):
-            return await self._passthrough(flow, request_id)
+            reply = await self._passthrough(flow, request_id)
+            if method == "tools/list" and "cursor" not in params:
+                reply = life.note_tools(reply, request_id)
+            return reply
         key_body = encode({"tool": tool, "arguments": params.get("arguments") or {}})
         return await self._tool_call(
             flow.with_request(replace(flow.request, key_body=key_body)), request_id
@@ -205,9 +248,9 @@ class McpRoute:
         try:
             reply = await self.upstream(flow)
         except ProxyError as err:
-            return _answer(flow, rpc_error(request_id, err), err)
+            return answered(flow, rpc_error(request_id, err), err)
         if reply.stream is not None:
-            reply.cut_tail = lambda err: _cut_event(flow, request_id, err, rpc_error)
+            reply.cut_tail = lambda err: cut_event(flow, request_id, err, rpc_error)
         return reply
 
     async def _tool_call(self, flow: Flow, request_id: Any) -> Reply:
@@ -257,7 +300,7 @@ class McpRoute:
             CIMultiDict({"Content-Type": "text/event-stream", "Cache-Control": "no-cache"}),
             stream=events(),
             release=release,
-            cut_tail=lambda err: _cut_event(flow, request_id, err, tool_error),
+            cut_tail=lambda err: cut_event(flow, request_id, err, tool_error),
         )
 
     def _forget(self, key: tuple[str, str, bytes], call: asyncio.Task[Reply]) -> None:
@@ -291,14 +334,14 @@ class McpRoute:
                 route=self.route,
                 upstream_status=reply.status,
             )
-        return _answer(flow, tool_error(request_id, err), err)
+        return answered(flow, tool_error(request_id, err), err)
 
     async def _final(self, flow: Flow, request_id: Any) -> Reply:
         """The tool call's answer, under the agent's id; the proxy's failures as tool errors."""
         try:
             reply = await self.chain(flow)
         except ProxyError as err:
-            return _answer(flow, tool_error(request_id, err), err)
+            return answered(flow, tool_error(request_id, err), err)
         if 400 <= reply.status < 500 and reply.status != 429:
             return reply  # the server's own answer (404: the session is gone; 400, 401 ...)
         message = parse_message(reply.body) if reply.stream is None else None
@@ -312,9 +355,9 @@ class McpRoute:
                 attempts=flow.trace.attempts,
                 upstream_status=reply.status,
             )
-            return _answer(flow, tool_error(request_id, invalid), invalid)
+            return answered(flow, tool_error(request_id, invalid), invalid)
         # A JSON-RPC answer, even one the server sent with a 5xx, is the agent's to read.
-        headers = CIMultiDict(_JSON)
+        headers = json_headers()
         headers.update({k: v for k, v in reply.headers.items() if k.lower() != "content-type"})
         message = {**message, "id": request_id}
         result = message.get("result")
@@ -329,19 +372,28 @@ class McpRoute:
         return Reply(200, headers, encode(message), outcome=reply.outcome)
 
 
-def _answer(flow: Flow, message: Mapping[str, Any], err: ProxyError) -> Reply:
-    flow.trace.error = err.type  # the log line's `error`, also once headers have gone
-    headers = CIMultiDict(_JSON)
-    headers["X-Proxy-Error"] = err.type
-    return Reply(200, headers, encode(message), outcome=Outcome.CLIENT_ERROR)
-
-
-def _nothing(err: Exception) -> bytes:
-    return b""
-
-
-def _cut_event(flow: Flow, request_id: Any, err: Exception, render: Any) -> bytes:
-    if not isinstance(err, ProxyError):
-        err = UpstreamUnreachable(str(err))
-    flow.trace.error = err.type
-    return sse_event(encode(render(request_id, err)))
+def build_route(
+    route: str,
+    cfg: McpConfig,
+    *,
+    policies: Sequence[Policy],
+    upstream: Handler,
+    retry: Policy | None,
+    clock: Clock,
+    redis: RedisLink | None,
+    cached: bool,
+) -> McpRoute:
+    """An MCP route from its built policies and its upstream: tool calls of idempotent tools
+    through `policies`, a session's own messages through `retry` alone, everything through the
+    sessions the proxy opens itself (`cached`: the route has a cache to answer them from)."""
+    offline = OfflineSessions(route, upstream, cfg.max_sessions, cfg.session_idle, clock)
+    lifecycle = SessionLifecycle(
+        route,
+        SessionOwners(route, cfg.max_sessions, cfg.session_idle, clock, redis),
+        offline,
+        session=compose([retry] if retry is not None else [], offline),
+        upstream=offline,
+        stand_in=cached and cfg.offline_sessions,
+    )
+    calls = compose(policies, McpUpstream(route, cfg, offline, clock))
+    return McpRoute(route, cfg, calls, offline, lifecycle)

@@ -1,5 +1,6 @@
-"""Exa (POST /search, `query` in the body, `results[]` with `text`): its whole record. Without
-`contents` Exa sends no text to use as a snippet, so every search asks for some."""
+"""Exa (POST /search, `query` in the body, `results[]` with `text`): its whole record, and its
+extract API (POST /contents). Without `contents` Exa sends no text to use as a snippet, so every
+search asks for some."""
 
 from __future__ import annotations
 
@@ -7,6 +8,17 @@ from datetime import datetime
 from typing import Any
 
 from policies.core.errors import ProxyError
+from policies.core.extract import (
+    ExtractAnswer,
+    ExtractApi,
+    ExtractRequest,
+    PageFormat,
+    PageMiss,
+    PageRead,
+    object_of,
+    status_of,
+    text_of,
+)
 from policies.core.options import (
     OMIT,
     OptionField,
@@ -42,6 +54,36 @@ def _error_body(err: ProxyError, request_id: str) -> dict[str, Any]:
     return {"requestId": request_id, "error": err.message, "tag": err.type.upper()}
 
 
+def _extract(urls: tuple[str, ...], fmt: PageFormat, max_chars: int) -> ExtractRequest:
+    # On /contents the content options are top-level fields (on /search, under `contents`).
+    body = {"urls": list(urls), "text": {"maxCharacters": max_chars}}
+    return ExtractRequest("POST", "/contents", body)
+
+
+def _read_extract(data: Any, urls: tuple[str, ...], fmt: PageFormat) -> ExtractAnswer:
+    """`results[]` id (the URL asked)/url/title/text, and since May 2025 `statuses[]`: one per
+    URL, `{"id", "status": "error", "error": {"tag", "httpStatusCode"}}` for a failed one."""
+    data = object_of(data)
+    pages = tuple(
+        # Exa's text is markdown whatever was asked.
+        PageRead(
+            text_of(r.get("id")) or text_of(r.get("url")),
+            text_of(r.get("title")),
+            text_of(r.get("text")),
+            "markdown",
+        )
+        for r in data.get("results") or ()
+        if isinstance(r, dict) and text_of(r.get("text"))
+    )
+    misses = []
+    for s in data.get("statuses") or ():
+        if isinstance(s, dict) and s.get("status") == "error":
+            error = object_of(s.get("error"))
+            why, code = text_of(error.get("tag")) or "error", status_of(error.get("httpStatusCode"))
+            misses.append(PageMiss(text_of(s.get("id")), why, code))
+    return ExtractAnswer(pages, tuple(misses))
+
+
 EXA = VendorProfile(
     name="exa",
     query_locations=(QueryLocation("json", "query"),),
@@ -71,4 +113,7 @@ EXA = VendorProfile(
         extra={"id": "$url", "score": None, "publishedDate": None, "author": None},
     ),
     error_shape=_error_body,
+    # No documented cap on URLs a call; 10 keeps one answer of long pages well under a route's
+    # max_response_bytes.
+    extract=ExtractApi(batch=10, build=_extract, read=_read_extract),
 )

@@ -1,11 +1,22 @@
 """Jina search (s.jina.ai: POST / or GET /{query}, `q`, `data[]` with `description`): its whole
-record. Without `Accept: application/json` Jina answers in text, which is a valid answer too."""
+record, and its reader (r.jina.ai: POST / with `url`, one page a call), which needs a route of
+its own. Without `Accept: application/json` Jina answers in text, a valid answer too."""
 
 from __future__ import annotations
 
 from typing import Any
 
 from policies.core.errors import ProxyError, is_rate_limit
+from policies.core.extract import (
+    ExtractAnswer,
+    ExtractApi,
+    ExtractRequest,
+    PageFormat,
+    PageMiss,
+    PageRead,
+    object_of,
+    text_of,
+)
 from policies.core.options import (
     OptionField,
     VendorOptions,
@@ -33,6 +44,23 @@ def _error_body(err: ProxyError, request_id: str) -> dict[str, Any]:
         "message": err.message,
         "readableMessage": err.message,
     }
+
+
+def _extract(urls: tuple[str, ...], fmt: PageFormat, max_chars: int) -> ExtractRequest:
+    headers = {"Accept": "application/json", "X-Return-Format": fmt, "X-Retain-Images": "none"}
+    return ExtractRequest("POST", "/", {"url": urls[0]}, headers=headers)
+
+
+def _read_extract(data: Any, urls: tuple[str, ...], fmt: PageFormat) -> ExtractAnswer:
+    """`{"code": 200, "data": {"title", "url", "content"}}`; a page it cannot read is an error
+    status with `readableMessage`, which the engine reads as it reads any vendor's."""
+    data = object_of(data)
+    page = object_of(data.get("data"))
+    content = text_of(page.get("content"))
+    if not content:
+        why = text_of(data.get("readableMessage")) or text_of(data.get("message"))
+        return ExtractAnswer(misses=(PageMiss(urls[0], why or "no content"),))
+    return ExtractAnswer((PageRead(urls[0], text_of(page.get("title")), content, fmt),))
 
 
 JINA = VendorProfile(
@@ -63,4 +91,5 @@ JINA = VendorProfile(
     details=DetailFields(published=("date", "publishedTime")),
     answer=AnswerTemplate(envelope={"code": 200, "status": 20000}, extra={"content": "$snippet"}),
     error_shape=_error_body,
+    extract=ExtractApi(batch=1, build=_extract, read=_read_extract, origin="https://r.jina.ai"),
 )

@@ -1,5 +1,6 @@
 """Tavily (POST /search, `query` in the body, `results[]` with `content`): its whole record,
-and the preset of its remote MCP server (https://mcp.tavily.com/mcp/)."""
+its extract API (POST /extract) and the preset of its remote MCP server
+(https://mcp.tavily.com/mcp/)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,16 @@ from types import MappingProxyType
 from typing import Any
 
 from policies.core.errors import ProxyError
+from policies.core.extract import (
+    ExtractAnswer,
+    ExtractApi,
+    ExtractRequest,
+    PageFormat,
+    PageMiss,
+    PageRead,
+    object_of,
+    text_of,
+)
 from policies.core.options import OptionField, SearchOptions, VendorOptions, domain_field, table
 from policies.core.profile import (
     AnswerTemplate,
@@ -67,6 +78,28 @@ def _error_body(err: ProxyError, request_id: str) -> dict[str, Any]:
     return {"detail": {"error": err.message}}
 
 
+def _extract(urls: tuple[str, ...], fmt: PageFormat, max_chars: int) -> ExtractRequest:
+    # No length parameter: Tavily answers whole pages, cut by the proxy.
+    body = {"urls": list(urls), "format": fmt, "extract_depth": "basic"}
+    return ExtractRequest("POST", "/extract", body)
+
+
+def _read_extract(data: Any, urls: tuple[str, ...], fmt: PageFormat) -> ExtractAnswer:
+    """`results[]` url/raw_content (a title on newer answers), `failed_results[]` url/error."""
+    data = object_of(data)
+    pages = tuple(
+        PageRead(text_of(r.get("url")), text_of(r.get("title")), text_of(r.get("raw_content")), fmt)
+        for r in data.get("results") or ()
+        if isinstance(r, dict) and text_of(r.get("raw_content"))
+    )
+    misses = tuple(
+        PageMiss(text_of(f.get("url")), text_of(f.get("error")) or "failed")
+        for f in data.get("failed_results") or ()
+        if isinstance(f, dict)
+    )
+    return ExtractAnswer(pages, misses)
+
+
 TAVILY = VendorProfile(
     name="tavily",
     query_locations=(QueryLocation("json", "query"),),
@@ -110,4 +143,6 @@ TAVILY = VendorProfile(
         idempotent_tools=("tavily_search", "tavily_extract", "tavily_map", "tavily_crawl"),
         search_tools={"tavily_search": "query"},
     ),
+    # Up to 20 URLs a call (Tavily's documented limit).
+    extract=ExtractApi(batch=20, build=_extract, read=_read_extract),
 )

@@ -24,6 +24,7 @@ from proxy.config.loading import (
     MAX_VALUES,
     _Loader,
     interpolate,
+    read_config_file,
     read_document,
 )
 from proxy.config.routes import RESERVED_PATHS
@@ -65,6 +66,7 @@ __all__ = [
     "parse_duration",
     "parse_rate",
     "parse_size",
+    "read_config_file",
     "read_document",
     "redacted",
     "secret_values",

@@ -16,6 +16,7 @@ from policies.core.route import HeaderRules, RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
 from policies.vendors.custom import parse_profile
+from proxy.config.fetch import FetchApiConfig, fetch_api_config, parse_fetch_api
 from proxy.config.loading import DuplicateKeys, interpolate_into, read_document
 from proxy.config.routes import check_references, check_routes, parse_route, route_config
 from proxy.config.sections import (
@@ -42,6 +43,7 @@ TOP_LEVEL_KEYS = (
     "profiles",
     "clients",
     "mcp_server",
+    "fetch_api",
 )
 _SECTION_PARSERS: dict[str, Parser] = {
     "server": parse_server,
@@ -50,6 +52,7 @@ _SECTION_PARSERS: dict[str, Parser] = {
     "search_api": parse_search_api,
     "clients": parse_clients,
     "mcp_server": parse_mcp_server,
+    "fetch_api": parse_fetch_api,
 }
 
 
@@ -63,11 +66,14 @@ class InvalidConfig(ConfigErrors):
         self.partial = partial
 
 
-def load_config(path: str | Path, env: Mapping[str, str] | None = None) -> Config:
-    """Read and validate a YAML file; every failure is a ConfigError, and every mistake of a
-    document YAML can read (repeated keys included) is reported together, as InvalidConfig."""
+def load_config(
+    path: str | Path, env: Mapping[str, str] | None = None, data: bytes | None = None
+) -> Config:
+    """Read and validate a YAML file (its bytes `data` when already read); every failure is a
+    ConfigError, and every mistake of a document YAML can read (repeated keys included) is
+    reported together, as InvalidConfig."""
     try:
-        raw, repeated = read_document(path), []
+        raw, repeated = read_document(path, data), []
     except DuplicateKeys as exc:
         raw, repeated = exc.document, list(exc.errors)
     try:
@@ -168,6 +174,17 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         )
         collect.errors += problems
 
+    fetch_api = FetchApiConfig()
+    if "fetch_api" not in data or "fetch_api" in sections:  # a broken section has its errors
+        written = data.get("fetch_api")
+        fetch_api, problems = fetch_api_config(
+            sections.get("fetch_api", fetch_api),
+            written if isinstance(written, dict) else {},
+            routes,
+            profiles,
+        )
+        collect.errors += problems
+
     # A value whose variable is unset is reported once, as unset, not also as malformed.
     found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
     config = Config(
@@ -179,6 +196,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         profiles=MappingProxyType(profiles),
         clients=sections.get("clients", MappingProxyType({})),
         mcp_server=mcp_server,
+        fetch_api=fetch_api,
     )
     if found:
         raise InvalidConfig(found, config)

@@ -110,10 +110,8 @@ def interpolate_into(
     return node
 
 
-def read_document(path: str | Path) -> Any:
-    """The YAML document in file `path`. A file that cannot be read, is not UTF-8, is not YAML,
-    or is too big, deep or alias-expanded to handle is a ConfigError; one that repeats a key is
-    DuplicateKeys, which carries the document all the same."""
+def read_config_file(path: str | Path) -> bytes:
+    """The bytes of config file `path`; one that cannot be read or is too big is a ConfigError."""
     try:
         with open(path, "rb") as file:
             data = file.read(MAX_CONFIG_BYTES + 1)
@@ -121,6 +119,16 @@ def read_document(path: str | Path) -> Any:
         raise ConfigError("", f"cannot read config {path}: {exc.strerror or exc}") from None
     if len(data) > MAX_CONFIG_BYTES:
         raise ConfigError("", f"config {path} is larger than {MAX_CONFIG_BYTES} bytes")
+    return data
+
+
+def read_document(path: str | Path, data: bytes | None = None) -> Any:
+    """The YAML document in file `path` (whose bytes are `data` when already read). A file
+    that cannot be read, is not UTF-8, is not YAML, or is too big, deep or alias-expanded to
+    handle is a ConfigError; one that repeats a key is DuplicateKeys, which carries the document
+    all the same."""
+    if data is None:
+        data = read_config_file(path)
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:

@@ -25,7 +25,15 @@ from policies.core.settings import (
 )
 
 # Paths the proxy answers itself; no route may claim them.
-RESERVED_PATHS = ("/healthz", "/readyz", "/metrics", "/admin", "/v1/search", "/openapi.json")
+RESERVED_PATHS = (
+    "/healthz",
+    "/readyz",
+    "/metrics",
+    "/admin",
+    "/v1/search",
+    "/v1/fetch",
+    "/openapi.json",
+)
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # The one kind of route other routes and /v1/search name as providers.
 SEARCH = "search"

@@ -25,6 +25,7 @@ from policies.core.settings import (
     ConfigError,
     any_keys,
     boolean,
+    duration_at_most,
     fields,
     host,
     is_host,
@@ -40,9 +41,12 @@ from policies.core.settings import (
     texts,
     whole_in,
 )
+from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
 from proxy.redact import redact_url
 
+# A tool call the proxy answers itself: past ten minutes no MCP client is still waiting.
+MAX_CALL_TIMEOUT = 600.0
 # Upper bounds of search_api.max_batch and max_calls_per_request: a batch is answered in one
 # response, and every call it makes holds an upstream connection.
 MAX_BATCH_LIMIT = 100
@@ -68,6 +72,9 @@ class ServerConfig:
     send_timeout: float = 60.0
     client_keepalive_timeout: float = 75.0
     max_connections: int = 1000
+    # Reload when the config file changes (proxy/reload.py); SIGHUP and POST /admin/reload
+    # reload whatever this says.
+    watch_config: bool = True
 
 
 @dataclass(frozen=True)
@@ -108,6 +115,9 @@ class McpServerConfig:
     path: str = "/mcp"
     # Without clients: tokens, only loopback peers are served unless this is true.
     allow_remote: bool = False
+    # One web_search call, every provider attempt included: well under the 60 s MCP clients
+    # wait by default, so the agent reads the proxy's answer rather than its own timeout.
+    call_timeout: float = 25.0
 
 
 @dataclass(frozen=True)
@@ -121,6 +131,7 @@ class Config:
     # Empty: callers are not identified (any credential passes through to the vendor).
     clients: Mapping[str, ClientConfig] = field(default_factory=lambda: MappingProxyType({}))
     mcp_server: McpServerConfig = McpServerConfig()
+    fetch_api: FetchApiConfig = field(default_factory=FetchApiConfig)
 
 
 def parse_server(raw: Any, path: str) -> ServerConfig:
@@ -144,6 +155,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "send_timeout": positive_duration,
             "client_keepalive_timeout": positive_duration,
             "max_connections": whole_in(1),
+            "watch_config": boolean,
         },
     )
 
@@ -337,7 +349,16 @@ def _mcp_path(value: Any, path: str) -> str:
 def parse_mcp_server(raw: Any, path: str) -> dict[str, Any]:
     """`mcp_server:` as McpServerConfig's fields; an unset `enabled` is resolved by
     parse_config (on when there is a search provider)."""
-    return fields(raw, path, {"enabled": boolean, "path": _mcp_path, "allow_remote": boolean})
+    return fields(
+        raw,
+        path,
+        {
+            "enabled": boolean,
+            "path": _mcp_path,
+            "allow_remote": boolean,
+            "call_timeout": duration_at_most(MAX_CALL_TIMEOUT),
+        },
+    )
 
 
 def mcp_server_config(

@@ -28,6 +28,7 @@ def as_document(config: Config) -> dict[str, Any]:
     doc["log"] = plain(config.log)
     doc["search_api"] = plain(config.search_api)
     doc["mcp_server"] = plain(config.mcp_server)
+    doc["fetch_api"] = plain(config.fetch_api)
     doc["routes"] = {name: route_document(route) for name, route in config.routes.items()}
     custom = {
         name: profile_document(profile)

@@ -25,6 +25,10 @@ jina       POST|GET /jina/, GET /jina/<query>  (POST /)         data[] url/title
 firecrawl  POST /firecrawl/v2/search  (POST /v2/search)         data.web[] url/title/desc.
 =========  ===================================================  ==============================
 
+The extract APIs (Tavily /extract, Exa /contents, Firecrawl /v2/scrape, Jina's reader at
+``/jina-reader/``) answer ``make_page(url)`` for each URL asked, in each vendor's shape; a URL
+``vendor.fail_page(url, *vendors)`` names fails at those vendors only (module ``pages``).
+
 Bare ``/search`` is decided by what the request carries, first match wins:
 
 1. GET: ``engine`` or ``api_key`` in the query string -> serpapi; ``apiKey`` -> serper;
@@ -52,12 +56,14 @@ fault (FIFO, ``vendor.script(...)``), else by the probabilistic modes in this or
 Modules: ``vendors`` (results, each vendor's bodies, which vendor a request is for), ``faults``
 (``Fault``, ``Received``, ``Pause``), ``modes`` (the switches and the decision they make, the
 clock), ``app`` (``FakeVendor``: state, record, handlers), ``mcp`` (its MCP server's answers),
-``serve`` (server, thread) and ``__main__`` (the command line).
+``pages`` (the extract APIs' answers), ``serve`` (server, thread) and ``__main__`` (the command
+line).
 """
 
 from proxy.testing.fakevendor.app import FakeVendor
 from proxy.testing.fakevendor.faults import Fault, Pause, Received
 from proxy.testing.fakevendor.modes import Clock, RealClock
+from proxy.testing.fakevendor.pages import EXTRACT_VENDORS, FakePage, make_page
 from proxy.testing.fakevendor.serve import FakeVendorServer, ThreadedFakeVendor
 from proxy.testing.fakevendor.vendors import (
     VENDORS,
@@ -68,8 +74,10 @@ from proxy.testing.fakevendor.vendors import (
 )
 
 __all__ = [
+    "EXTRACT_VENDORS",
     "VENDORS",
     "Clock",
+    "FakePage",
     "FakeResult",
     "FakeVendor",
     "FakeVendorServer",
@@ -79,6 +87,7 @@ __all__ = [
     "Received",
     "ThreadedFakeVendor",
     "expected_urls",
+    "make_page",
     "make_results",
     "slugify",
 ]

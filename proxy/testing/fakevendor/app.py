@@ -22,6 +22,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from proxy.testing.fakevendor.faults import Fault, Pause, Received
 from proxy.testing.fakevendor.mcp import mcp_messages
 from proxy.testing.fakevendor.modes import Clock, Modes, RealClock
+from proxy.testing.fakevendor.pages import extract_answer
 from proxy.testing.fakevendor.serve import FakeVendorServer, ThreadedFakeVendor
 from proxy.testing.fakevendor.vendors import (
     BUILDERS,
@@ -222,6 +223,15 @@ class FakeVendor(Modes):
         r.add_get("/jina/", search("jina"))
         r.add_get("/jina/{query:.+}", search("jina"))
         r.add_post("/firecrawl/v2/search", search("firecrawl"))
+        # extract APIs (pages.py)
+        for vendor, paths in (
+            ("tavily", ("/extract", "/tavily/extract")),
+            ("exa", ("/contents", "/exa/contents")),
+            ("firecrawl", ("/v2/scrape", "/firecrawl/v2/scrape")),
+            ("jina-reader", ("/jina-reader/",)),
+        ):
+            for path in paths:
+                r.add_post(path, self._extract_handler(vendor))
         # utility routes
         r.add_route("*", "/echo", self._echo)
         r.add_route("*", "/echo/{tail:.*}", self._echo)
@@ -390,6 +400,18 @@ class FakeVendor(Modes):
         if isinstance(payload, str):  # SearXNG without format=json answers HTML
             return status, payload, {"Content-Type": "text/html; charset=utf-8"}
         return status, payload, {}
+
+    def _extract_handler(self, vendor: str) -> Callable[[web.Request], Any]:
+        async def handler(request: web.Request) -> web.StreamResponse:
+            body = await request.read()
+            rec = self._record(request, body, vendor)
+            resp, fault = await self._prelude(request, rec, self._decide(rec))
+            if resp is not None:
+                return resp
+            status, payload = extract_answer(vendor, json_or_none(body), self._failing_pages)
+            return self._respond(request, rec, fault, status, payload, {})
+
+        return handler
 
     def _serper_one(self, params: dict[str, Any], mode: str) -> dict[str, Any]:
         query = str(params.get("q", ""))

@@ -51,6 +51,8 @@ class Modes:
         self._malformed_ratio = 0.0
         self._empty_words: int | None = None
         self._down: Fault | None = None
+        self._down_paths: dict[str, Fault] = {}
+        self._failing_pages: dict[str, frozenset[str] | None] = {}
         self._rate: int | None = None
         self._rate_window: deque[float] = deque()
         self._latency = (0.0, 0.0, 0.0)
@@ -107,13 +109,24 @@ class Modes:
         self._empty_words = words
         return self
 
-    def down(self, status: int = 503) -> Self:
-        """Every request gets ``status`` until ``up()``."""
-        self._down = Fault.status(status)
+    def down(self, status: int = 503, path_prefix: str | None = None) -> Self:
+        """Every request (with ``path_prefix``: every one whose path starts with it) gets
+        ``status`` until ``up()``."""
+        if path_prefix is None:
+            self._down = Fault.status(status)
+        else:
+            self._down_paths[path_prefix] = Fault.status(status)
         return self
 
     def up(self) -> Self:
         self._down = None
+        self._down_paths.clear()
+        return self
+
+    def fail_page(self, url: str, *vendors: str) -> Self:
+        """The extract APIs of ``vendors`` (all, when none is named) cannot read ``url``: each
+        says so in its own shape (pages.py), the other URLs of a batch still read."""
+        self._failing_pages[url] = frozenset(vendors) if vendors else None
         return self
 
     def rate_limit(self, per_second: int | None) -> Self:
@@ -158,6 +171,9 @@ class Modes:
             return scripted
         if self._down is not None:
             return self._down
+        for prefix, fault in self._down_paths.items():
+            if rec.path.startswith(prefix):
+                return fault
         now = self.clock.now()
         if self._rate is not None:
             window = self._rate_window
