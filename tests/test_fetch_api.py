@@ -347,6 +347,20 @@ def test_bad_fetch_api_config_names_the_yaml_path(
     assert any(p == path and reason in r for p, r in found), found
 
 
+def test_a_broken_route_fetch_api_names_is_reported_once_by_its_own_errors() -> None:
+    """check-config's rule: every mistake in one run, a broken part reported once, not again
+    by what names it."""
+    raw = fetching("http://127.0.0.1:9", "tavily", "jina-reader")
+    raw["routes"]["tavily"]["timeouts"]["per_try"] = "ten"
+    raw["routes"]["jina-reader"]["retry"] = {"attempts": 99}
+    with pytest.raises(ConfigErrors) as caught:
+        parse_config(raw, {})
+    assert sorted(e.path for e in caught.value.errors) == [
+        "routes.jina-reader.retry.attempts",
+        "routes.tavily.timeouts.per_try",
+    ]
+
+
 def test_the_docs_document_every_fetch_api_key_and_the_example_is_valid() -> None:
     text = CONFIGURATION.read_text(encoding="utf-8")
     start = text.index("## `fetch_api` (`POST /v1/fetch`)")

@@ -182,6 +182,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
             written if isinstance(written, dict) else {},
             routes,
             profiles,
+            broken=routes_raw.keys() - routes.keys(),
         )
         collect.errors += problems
 
