@@ -109,18 +109,21 @@ def skipped(provider: Provider, search: Search, *, own_key: bool = False) -> Ans
 
 
 def _no_key(provider: Provider) -> str:
-    """Why a provider without a key of its own is skipped, and what to set."""
+    """Why a provider without a key of its own is skipped, and what to set or send."""
+    return f"{missing_key(provider)} (or, on /v1/search, send credentials.{provider.name})"
+
+
+def missing_key(provider: Provider) -> str:
+    """Why a provider has no key of its own, and what to set: the variable its key reads, or
+    else the header configured empty."""
     name, header, variable = provider.name, provider.missing_key, provider.key_variable
     where = f"routes.{name}.headers.set.{header}"
     if variable is not None:
         return (
             f"has no API key: {variable} is not set ({where} reads it); export {variable} "
-            f"before starting the proxy (or, on /v1/search, send credentials.{name})"
+            "before starting the proxy"
         )
-    return (
-        f"has no API key configured ({where} is empty): set it (or, on /v1/search, send "
-        f"credentials.{name})"
-    )
+    return f"has no API key configured ({where} is empty): set it"
 
 
 async def ask(

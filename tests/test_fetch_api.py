@@ -164,6 +164,9 @@ async def test_a_provider_without_its_key_is_skipped_and_says_how_to_set_it(
     client = await start_proxy(raw)
     answer = await fetch(client, urls=[A])
     assert page_of(answer, A)["provider"] == "exa"
+    alone = await fetch(client, urls=["https://example.com/unread"], providers=["tavily"])
+    [failed] = alone["failed"]
+    assert failed["attempts"][0]["reason"].startswith("has no API key: TAVILY_KEY is not set")
     assert extracts(vendor, "/tavily/extract") == []
 
 
