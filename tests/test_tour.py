@@ -9,6 +9,7 @@ venv.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import re
 import signal
@@ -18,8 +19,9 @@ from pathlib import Path
 
 import pytest
 
+from testkit.browser import Browser, chromium
 from testkit.procs import ROOT, free_port
-from testkit.waiting import wait_until
+from testkit.waiting import eventually, wait_until
 
 _MAKE_STATE = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
 
@@ -182,7 +184,7 @@ def test_the_tour_runs_as_written_against_make_demo(
         assert done.returncode == 0, f"{block}\n{done.stdout}{done.stderr}"
         outputs.append(done.stdout)
 
-    sdk, search, mcp, failover, breakers = outputs
+    sdk, search, mcp, failover, breakers, status = outputs
     assert sdk == "https://example.com/circuit-breaker/1\n"  # the fake vendor's first result
     assert '"provider":"tavily"' in search and '"results":[{' in search
     assert '"isError":false' in mcp and "Answered by tavily." in mcp
@@ -191,6 +193,9 @@ def test_the_tour_runs_as_written_against_make_demo(
         "X-Search-Failover: down failed: upstream 503",
     ]
     assert '"down":{"state":"open"' in breakers
+    # One failover answered the first request, and one each of the three after it.
+    assert status == "breaker open | failovers answered: 4\n"
+    asyncio.run(the_status_page_shows_the_down_route_open(admin_port))
 
     out = ctrl_c(job)  # "Ctrl-C there stops the proxy and its fake vendors"
     assert "search-proxy demo: stopped" in out
@@ -198,3 +203,18 @@ def test_the_tour_runs_as_written_against_make_demo(
     for listener in (port, admin_port):
         refused = subprocess.run(["curl", "-s", f"localhost:{listener}/healthz"], timeout=10)
         assert refused.returncode == 7  # curl: could not connect
+
+
+async def the_status_page_shows_the_down_route_open(admin_port: int) -> None:
+    """What "open http://localhost:8081/ in a browser" shows, in a headless Chromium: the
+    `down` route's card red, its breaker open, its failovers counted."""
+    assert chromium() is not None, "chromium is not installed: `make test` installs it"
+    card = "document.querySelector('[data-route=down]')"
+    async with Browser(f"http://127.0.0.1:{admin_port}/") as page:
+        await eventually(lambda: page.evaluate(f"Boolean({card})"), within=10)
+        assert await page.evaluate(f"{card}.classList.contains('bad')")
+        assert await page.evaluate(f"{card}.querySelector('[data-breaker]').dataset.breaker") == (
+            "open"
+        )
+        text = await page.evaluate(f"{card}.textContent")
+        assert "failovers: answered 4" in text and "retry in" in text
