@@ -389,11 +389,12 @@ def test_the_embedding_example_runs_as_written() -> None:
 
 def test_the_fixture_example_passes_in_a_project_of_its_own(tmp_path: Path) -> None:
     """The page's conftest (its config.yaml: the demo's) and test, run by pytest with the
-    plugin loaded as its entry point would."""
+    plugin loaded through the package's entry point, as an agent developer's install has it
+    (`make test` installs the package)."""
     _, conftest, test = code_blocks(read(DOCS / "embedding.md"), "python")
     (tmp_path / "conftest.py").write_text(conftest)
     (tmp_path / "test_agent.py").write_text(test)
     shutil.copy(DEMO_CONFIG, tmp_path / "config.yaml")
-    done = python("-m", "pytest", "-q", "-p", "proxy.testing.plugin", cwd=tmp_path)
+    done = python("-m", "pytest", "-q", cwd=tmp_path)
     assert done.returncode == 0, done.stdout + done.stderr
     assert "1 passed" in done.stdout
