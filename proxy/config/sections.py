@@ -43,6 +43,7 @@ from policies.core.settings import (
 )
 from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
+from proxy.loops import parse_event_loop
 from proxy.redact import redact_url
 
 # A tool call the proxy answers itself: past ten minutes no MCP client is still waiting.
@@ -75,6 +76,8 @@ class ServerConfig:
     # Reload when the config file changes (proxy/reload.py); SIGHUP and POST /admin/reload
     # reload whatever this says.
     watch_config: bool = True
+    # The event loop: uvloop when it is installed (auto), or the one named (proxy/loops.py).
+    event_loop: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -156,6 +159,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "client_keepalive_timeout": positive_duration,
             "max_connections": whole_in(1),
             "watch_config": boolean,
+            "event_loop": parse_event_loop,
         },
     )
 
