@@ -164,14 +164,16 @@ class Retry:
                 failure: Reply | AttemptFailed = exc
                 retryable = exc.transient and exc.outcome in cfg.on_conditions
                 reason: str | None = exc.outcome.value if retryable else None
-                self.events.attempt(self.route, exc.outcome)
+                if not exc.injected:  # injected faults are counted apart (fault injection)
+                    self.events.attempt(self.route, exc.outcome)
             except BaseException:
                 trace.attempts += 1  # it reached the vendor: the agent left, or time ran out
                 raise
             else:
                 trace.attempts += 1
                 outcome = self.classify(reply)
-                self.events.attempt(self.route, outcome)
+                if not reply.injected:
+                    self.events.attempt(self.route, outcome)
                 reason = self.reason(reply, outcome)
                 if outcome is Outcome.OK:
                     elapsed = self.clock.now() - started
@@ -203,6 +205,9 @@ class Retry:
                     upstream_status=reply.status if reply is not None else None,
                     retry_after_s=decision.retry_after,
                 )
+            if decision.seconds > flow.context.wait_at_most:
+                # A fallback can answer sooner than this wait: failover asks it now.
+                return self._give_up(flow, failure, attempt, max_attempts)
             min_attempt = min(self.per_try, max(MIN_ATTEMPT_S, 2 * self._typical_s))
             deadline = flow.context.deadline
             if not fits_deadline(self.clock.now(), deadline, decision.seconds, min_attempt):

@@ -17,6 +17,7 @@ from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from policies import faults
 from policies.backoff import attempt_timeout
 from policies.core.clock import Clock
 from policies.core.errors import (
@@ -52,6 +53,9 @@ HOP_BY_HOP = frozenset(
 # Never copied from the agent: aiohttp derives Host from the URL and frames the body itself,
 # and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
 _REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
+# Never sent to a vendor, on any route: the agent's request for an injected fault
+# (policies/faults.py reads it in the chain; a route without fault injection ignores it).
+_NEVER_SENT = faults.HEADER
 # aiohttp decodes compressed bodies, so the vendor's framing headers no longer describe them.
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
 # What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
@@ -315,10 +319,14 @@ class Upstream:
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(budget):
+                outbound = request.headers
+                if _NEVER_SENT in outbound:
+                    outbound = outbound.copy()
+                    outbound.popall(_NEVER_SENT)
                 resp = await self.session.request(
                     request.method,
                     self.url(flow),
-                    headers=request.headers,
+                    headers=outbound,
                     data=request.body or None,
                     timeout=timeout,
                     allow_redirects=False,

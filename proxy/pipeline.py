@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from multidict import CIMultiDict
@@ -26,6 +27,7 @@ from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Provider, SideRequest
+from policies.keypool import KeyPool
 from proxy.config import Config
 from proxy.forward import Upstream
 from proxy.metrics import Metrics, RouteMetrics
@@ -45,6 +47,7 @@ class Route:
     profile: VendorProfile | None = None
     breaker: Breaker | None = None
     cache: StaleCache | None = None
+    keys: KeyPool | None = None  # the route's key pool (`keys:`), which puts a key on each call
     missing_key: str | None = None  # a credential header configured empty (unset ${VAR:-})
 
     @property
@@ -119,6 +122,12 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
         if body:
             headers["Content-Type"] = "application/json"
         path, _, query = target.partition("?")
+        if route is not None and route.keys is not None:  # a key of the pool, in its slot
+            name, value = route.keys.side_key()
+            if route.keys.slot.kind == "query":
+                query = "&".join(p for p in (query, urlencode({name: value})) if p)
+            else:
+                headers[name] = value
         now = deps.clock.now()
         flow = Flow.new(
             route=cfg.name,
@@ -164,12 +173,18 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         calls = compose(policies, mcp.McpUpstream(cfg.name, mcp_cfg, upstream, deps.clock))
         handler = mcp.McpRoute(cfg.name, mcp_cfg, calls, upstream)
         profile = None  # no vendor dialect: the answers are JSON-RPC
+    keys = next((p for p in policies if isinstance(p, KeyPool)), None)
+    missing_key = next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None)
+    if cfg.has("keys"):  # the pool is the route's key, or with every key unset, none is
+        slot = profile.key_slot if keys is None and profile is not None else None
+        missing_key = None if keys is not None else (slot.name if slot else "keys")
     return Route(
         config=cfg,
         handler=handler,
         metrics=metrics,
         set_headers=tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v)),
-        missing_key=next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None),
+        keys=keys,
+        missing_key=missing_key,
         remove_headers=frozenset(h.lower() for h in cfg.headers.remove),
         policies=policies,
         classify=read.classify,

@@ -18,7 +18,7 @@ from policies.cache.key import (
     cache_key,
     request_directives,
 )
-from policies.cache.lock import FetchLock, LockState
+from policies.cache.lock import NO_LEASE, FetchLock, LockState
 from policies.cache.store import CacheStore, Cleared
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.errors import ClientFault, LocalRefusal, ProxyError
@@ -101,7 +101,10 @@ class StaleCache:
             flow.request.client,
             self.known,
         )
-        pending = self._inflight.get(key)
+        # A request testing injected faults reads the cache, but shares no vendor call with
+        # other requests and stores nothing: its answers are not the vendor's.
+        testing = flow.context.fault_test
+        pending = None if testing else self._inflight.get(key)
         if pending is not None:
             return await self._follow(flow, call_next, pending)
 
@@ -119,6 +122,8 @@ class StaleCache:
             else:
                 fwd = "request" if state is Freshness.FRESH else "stale"
 
+        if testing:
+            return await self._fetch(flow, call_next, key, entry, fwd, shared=False)
         # The lookup may have yielded to another identical request that is now fetching.
         pending = self._inflight.get(key)
         if pending is not None:
@@ -187,9 +192,17 @@ class StaleCache:
             future.set_result(outcome)
 
     async def _fetch(
-        self, flow: Flow, call_next: Handler, key: str, fallback: Entry | None, fwd: str
+        self,
+        flow: Flow,
+        call_next: Handler,
+        key: str,
+        fallback: Entry | None,
+        fwd: str,
+        *,
+        shared: bool = True,
     ) -> Reply:
-        lease = await self.fetch_lock.acquire(key, flow.context.deadline)
+        """Call the vendor; with `shared`, under the cross-replica lock, storing the answer."""
+        lease = await self.fetch_lock.acquire(key, flow.context.deadline) if shared else NO_LEASE
         if lease.state is LockState.HELD:
             arrived = await self.fetch_lock.wait(key, flow.context.deadline, fallback)
             if arrived is not None:
@@ -219,7 +232,7 @@ class StaleCache:
                 if stale is not None:
                     reply.discard()
                     return stale
-            elif self._storable(reply):
+            elif shared and self._storable(reply):
                 entry = entry_from_reply(reply, self.clock.wall())
                 await self.store.put(key, entry, unlock=lease.token or None)
                 stored = True

@@ -13,6 +13,7 @@ from policies.core.profile import (
     AnswerTemplate,
     CredentialSlot,
     DetailFields,
+    HealthCall,
     McpPreset,
     QueryLocation,
     VendorProfile,
@@ -110,4 +111,7 @@ TAVILY = VendorProfile(
         idempotent_tools=("tavily_search", "tavily_extract", "tavily_map", "tavily_crawl"),
         search_tools={"tavily_search": "query"},
     ),
+    # The key's and account's usage (GET /usage): no credits spent, so the breaker may probe it
+    # every second while searches fail.
+    health=HealthCall("GET", "/usage"),
 )

@@ -47,14 +47,18 @@ def as_document(config: Config) -> dict[str, Any]:
 def redacted(config: Config) -> dict[str, Any]:
     """`as_document(config)` with secrets replaced by "<redacted>", a placeholder to fill in:
     credential-named server settings (admin_token), the Redis URL's userinfo and credential
-    parameters (`?password=`), every `headers.set` value, and a custom profile's
-    credential-named search headers and fields (the rule of policies/core/credentials.py)."""
+    parameters (`?password=`), every `headers.set` value, each key of a route's `keys`
+    (`<redacted>#1`, `#2` ...), and a custom profile's credential-named search headers and
+    fields (the rule of policies/core/credentials.py)."""
     doc = as_document(config)
     _redact_keys(doc["server"])
     if "redis" in doc:
         doc["redis"]["url"] = redact_url(doc["redis"]["url"])
     for route in doc["routes"].values():
         route["headers"]["set"] = dict.fromkeys(route["headers"]["set"], REDACTED)
+        if "keys" in route:
+            # Numbered, so the placeholders read back as distinct keys.
+            route["keys"] = [f"{REDACTED}#{i}" for i in range(1, len(route["keys"]) + 1)]
     for client in doc.get("clients", {}).values():
         client["token"] = REDACTED
     for profile in doc.get("profiles", {}).values():
@@ -65,12 +69,15 @@ def redacted(config: Config) -> dict[str, Any]:
 
 def secret_values(config: Config) -> tuple[str, ...]:
     """The secrets a config holds, for the logs to hide wherever they turn up: every
-    `headers.set` value (and the token after its scheme, `Bearer <token>`), the admin token,
+    `headers.set` value (and the token after its scheme, `Bearer <token>`), the keys of each
+    route's key pool, the admin token,
     the Redis URL's passwords, clients' tokens, and profiles' credential-named values."""
     found: list[str] = []
     for route in config.routes.values():
         for value in route.headers.set.values():
             found += (value, value.partition(" ")[2].strip())
+        keys = route.section("keys")
+        found += keys.keys if keys is not None else ()
     if config.server.admin_token:
         found.append(config.server.admin_token)
     if config.redis is not None:

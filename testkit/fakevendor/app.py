@@ -115,6 +115,17 @@ class FakeVendor:
         self._brave: tuple[int, int, int] | None = None
         self._brave_window: deque[float] = deque()
         self._brave_month_used = 0
+        self._key_faults: dict[str, Fault] = {}
+
+    def fault_for_key(self, key: str, fault: Fault | None) -> FakeVendor:
+        """Answer ``fault`` to every request carrying ``key`` (in a header value or the query
+        string), as a vendor answers a key that is out of credits or paused; None clears it.
+        Scripted faults still come first."""
+        if fault is None:
+            self._key_faults.pop(key, None)
+        else:
+            self._key_faults[key] = fault
+        return self
 
     def script(self, *faults: Fault, path_prefix: str | None = None) -> FakeVendor:
         """Queue faults for the next requests (FIFO). With ``path_prefix`` a fault is only
@@ -343,6 +354,9 @@ class FakeVendor:
         r.add_get("/jina/", search("jina"))
         r.add_get("/jina/{query:.+}", search("jina"))
         r.add_post("/firecrawl/v2/search", search("firecrawl"))
+        # Tavily's usage call (free: what the breaker probes), bare and under its prefix
+        r.add_get("/usage", self._usage)
+        r.add_get("/tavily/usage", self._usage)
         # utility routes
         r.add_route("*", "/echo", self._echo)
         r.add_route("*", "/echo/{tail:.*}", self._echo)
@@ -390,10 +404,13 @@ class FakeVendor:
                 return fault
         return None
 
-    def _decide(self, rec: Received) -> Fault:
-        scripted = self._take_scripted(rec.path)
-        if scripted is not None:
-            return scripted
+    def _decide(self, rec: Received, *, scripted: bool = True) -> Fault:
+        taken = self._take_scripted(rec.path) if scripted else None
+        if taken is not None:
+            return taken
+        for key, fault in self._key_faults.items():
+            if key in rec.query_string or any(key in v for v in rec.headers.values()):
+                return fault
         if self._down is not None:
             return self._down
         now = self.clock.now()
@@ -587,6 +604,21 @@ class FakeVendor:
         if mode == "missing_results":
             del payload["organic"]
         return payload
+
+    async def _usage(self, request: web.Request) -> web.StreamResponse:
+        """Tavily's GET /usage: the key's and account's usage. It goes through the same faults
+        as searches (down, a 429 storm, hangs), as one API's endpoints fail together."""
+        rec = self._record(request, await request.read(), "usage")
+        # Scripted faults are for searches: a probe must not take one a test queued.
+        resp, fault = await self._prelude(request, rec, self._decide(rec, scripted=False))
+        if resp is not None:
+            return resp
+        searches = self.by_vendor["tavily"]
+        payload = {
+            "key": {"usage": searches, "limit": 1000},
+            "account": {"current_plan": "Researcher", "plan_usage": searches, "plan_limit": 1000},
+        }
+        return self._respond(request, rec, fault, 200, payload, {})
 
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()
