@@ -67,6 +67,7 @@ TIER_OF_MODULE = {
     "test_search_e2e": "integration",
     "test_streams": "integration",
     "test_search_options": "unit",
+    "test_search_modes": "integration",
     "test_vendors": "unit",
     "test_added_vendor": "integration",
     "test_simplify": "unit",
