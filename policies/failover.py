@@ -24,9 +24,9 @@ from policies.backoff import parse_retry_after
 from policies.core.benched import MAX_BENCH_S, Benched
 from policies.core.clock import Clock
 from policies.core.credentials import injects_key
-from policies.core.errors import ClientFault, ProxyError, VendorFailure
+from policies.core.errors import ClientFault, LocalRefusal, ProxyError, VendorFailure
 from policies.core.events import Events
-from policies.core.flow import Classifier, Flow, Handler, Reply
+from policies.core.flow import CallBudget, Classifier, Flow, Handler, Reply
 from policies.core.outcome import Outcome
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Provider, Section
@@ -115,6 +115,10 @@ class Failover:
         tried = False  # the fallbacks were asked already (while the vendor is benched)
         benched = await self.benched.remaining(key) if key is not None else 0.0
         if benched > 0:
+            if self.config.prefer == "stale":  # outside the cache: its entries answer first
+                cached = await self._from_cache(flow, call_next)
+                if cached is not None:
+                    return cached
             why = f"{self.benched.why(key or '') or _SPENT} ({math.ceil(benched)}s)"
             answer = await self._fall_back(flow, ref, why)
             if answer is not None:
@@ -155,6 +159,20 @@ class Failover:
             return reply
         reply.discard()
         return answer
+
+    async def _from_cache(self, flow: Flow, call_next: Handler) -> Reply | None:
+        """The cache's answer (fresh, or stale) while the vendor is benched, or None: the chain
+        runs with a call budget of zero and no time to wait, so nothing in it calls the vendor
+        or waits for it."""
+        context = flow.context
+        budget, allowance = context.calls, context.wait_at_most
+        context.calls, context.wait_at_most = CallBudget(0), 0.0
+        try:
+            return await call_next(flow)
+        except LocalRefusal:
+            return None
+        finally:
+            context.calls, context.wait_at_most = budget, allowance
 
     async def _bench(self, flow: Flow, key: str | None, seconds: float, why: str) -> None:
         """Send this route's searches straight to the fallbacks for `seconds`; a request that

@@ -128,6 +128,7 @@ class KeyPool:
                 if not tried and not waited and soonest <= self._allowance(flow):
                     await self.clock.sleep(soonest)  # the first key back is back soon enough
                     flow.trace.waited_seconds += soonest
+                    flow.context.waited(soonest)
                     waited = True
                     continue
                 raise await self._refusal(flow, soonest)

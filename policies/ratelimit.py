@@ -440,6 +440,7 @@ class RateLimit:
             )
         if decision.wait > 0:
             await self.clock.sleep(decision.wait)
+            flow.context.waited(decision.wait)
             self.events.ratelimit(self.route, "delayed", decision.wait)
         else:
             self.events.ratelimit(self.route, "allowed", 0.0)

@@ -182,6 +182,8 @@ class Retry:
                     return reply
                 failure = reply
 
+            # A failed attempt held the request as a wait would have (wait_at_most counts both).
+            flow.context.waited(self.clock.now() - started)
             if reason is None or attempt >= max_attempts:
                 return self._give_up(flow, failure, attempt, max_attempts)
             delay = self.backoff.delay(attempt, prev_delay, self.rng)
@@ -217,6 +219,7 @@ class Retry:
                 return self._give_up(flow, failure, attempt, max_attempts)
             await self.clock.sleep(decision.seconds)
             trace.waited_seconds += decision.seconds
+            flow.context.waited(decision.seconds)
             # The breaker counts a request only after its retries, so it often opens while
             # this one waits: once it has, this retry would only hit a vendor known to be down.
             if self.halt is not None and self.halt():

@@ -103,3 +103,34 @@ async def test_a_limiter_queue_longer_than_wait_at_most_goes_to_the_fallback(
     assert r.status == 200 and r.headers["X-Search-Provider"] == "exa"
     assert r.headers["X-Search-Failover"] == "tavily failed: rate_limited"
     assert clock.sleeps == [] and vendor.count("/tavily") == 1
+
+
+async def test_a_failed_attempt_spends_the_objective_like_a_wait(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    """A 503 that took 300 ms already held the request longer than wait_at_most (250 ms): the
+    fallback answers instead of a retry."""
+    client = await start_proxy(config(vendor))
+    vendor.fault_for_key("tavily-key", Fault.status(503))
+    vendor.latency(0.3)
+    r = await search(client, "slow failure")
+    assert r.status == 200 and r.headers["X-Search-Provider"] == "exa"
+    assert r.headers["X-Proxy-Attempts"] == "1" and vendor.count("/tavily") == 1
+
+
+async def test_a_benched_route_still_answers_from_its_cache_without_a_call(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    clock = ManualClock()
+    client = await start_proxy(config(vendor, cache={"ttl": "10m"}), clock=clock)
+    cached = await search(client, "asked before the storm")
+    assert cached.status == 200 and "X-Search-Provider" not in cached.headers
+    vendor.fault_for_key("tavily-key", Fault.status(429, retry_after=30))
+    assert (await search(client, "benches the route")).headers["X-Search-Provider"] == "exa"
+    calls = vendor.count()
+    again = await search(client, "asked before the storm")
+    assert again.status == 200 and again.headers["X-Cache"] == "HIT"
+    assert "X-Search-Provider" not in again.headers
+    assert vendor.count() == calls  # neither the paused vendor nor a fallback was asked
+    miss = await search(client, "new while benched")
+    assert miss.headers["X-Search-Provider"] == "exa" and vendor.count("/tavily") == 2

@@ -164,7 +164,9 @@ class Admission:
             await asyncio.wait((sleep, change), return_when=asyncio.FIRST_COMPLETED)
         finally:
             sleep.cancel()
-            flow.trace.waited_seconds += self._clock.now() - started
+            waited = self._clock.now() - started
+            flow.trace.waited_seconds += waited
+            flow.context.waited(waited)
 
     def _refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
         flow.trace.breaker = OPEN

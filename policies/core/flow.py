@@ -100,13 +100,19 @@ class Context:
     # Where interim messages of a long answer go while it is still running (an MCP server's
     # progress notifications), relayed to the agent at once; None: they are dropped.
     interim: Callable[[bytes], Awaitable[None]] | None = None
-    # The longest a policy may hold the request for the vendor (a Retry-After, the limiter's
-    # queue, the breaker's max_wait or slow start, a benched key) before failing it so failover
-    # answers now; set by failover while a fallback can be asked, else no bound but the deadline.
+    # How much longer the policies may hold the request for the vendor, in all (failed
+    # attempts, a Retry-After or backoff, the limiter's queue, the breaker's max_wait or slow
+    # start, a benched key), before they fail it so failover answers now; set by failover while
+    # a fallback can be asked, spent by each (`waited`); without a fallback no bound but the
+    # deadline.
     wait_at_most: float = math.inf
     # The agent asked for injected faults (X-Search-Proxy-Fault): the request stays out of what
     # the route shares with other callers (breaker counts, limiter pauses, cache entries, benches).
     fault_test: bool = False
+
+    def waited(self, seconds: float) -> None:
+        """A policy held the request `seconds` for its vendor: that much less may follow."""
+        self.wait_at_most = max(0.0, self.wait_at_most - seconds)
 
 
 @dataclass(slots=True)
