@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from bench import (
     burst,
+    chaos,
     core,
     failover,
     hedge,
@@ -47,6 +48,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "recovery": recovery.run,
     "mcp": mcp.run,
     "mcproute": mcproute.run,
+    "chaos": chaos.run,
 }
 
 
