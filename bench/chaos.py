@@ -39,6 +39,7 @@ from typing import Any
 import aiohttp
 
 from bench.procs import Pinning, client_pinned, get_text, metric_sum, proxy
+from bench.recovery import results_in
 from bench.report import Figure, Scenario, at_least, at_most, percentile
 from proxy.config.loading import read_document
 from testkit.fakevendor import FakeVendor, Fault, ThreadedFakeVendor
@@ -175,15 +176,6 @@ class Call:
         return self.status == 200 and self.results > 0
 
 
-def _results(body: bytes) -> int:
-    try:
-        data = json.loads(body)
-    except ValueError:
-        return 0
-    results = data.get("results") if isinstance(data, dict) else None
-    return len(results) if isinstance(results, list) else 0
-
-
 async def _search(
     session: aiohttp.ClientSession, side: Side, query: str, start: float, new: bool
 ) -> Call:
@@ -192,7 +184,7 @@ async def _search(
     try:
         body = {"query": query, "max_results": 3}
         async with session.post(f"{side.url}/tavily/search", json=body) as resp:
-            call.status, call.results = resp.status, _results(await resp.read())
+            call.status, call.results = resp.status, results_in(await resp.read())
             call.provider = resp.headers.get("X-Search-Provider", "tavily")
     except (aiohttp.ClientError, TimeoutError):
         pass

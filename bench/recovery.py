@@ -155,7 +155,8 @@ class Run:
     metrics: str = ""
 
 
-def _results(body: bytes) -> int:
+def results_in(body: bytes) -> int:
+    """How many results a Tavily-shaped answer body lists (0 for anything else)."""
     try:
         data = json.loads(body)
     except ValueError:
@@ -170,7 +171,7 @@ async def _call(session: aiohttp.ClientSession, run: Run, i: int, sent: float) -
     try:
         async with session.post(f"{run.url}/{ROUTE}/search", json=body) as resp:
             data = await resp.read()
-            call = Call(sent, resp.status, 0.0, _results(data), "X-Circuit" in resp.headers)
+            call = Call(sent, resp.status, 0.0, results_in(data), "X-Circuit" in resp.headers)
     except (aiohttp.ClientError, TimeoutError):
         call = Call(sent, 0, 0.0)
     call.seconds = time.perf_counter() - started
