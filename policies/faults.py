@@ -27,6 +27,7 @@ from policies.core.errors import BadRequest, ProxyError, UpstreamTimeout, second
 from policies.core.events import Events
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.profile import SearchResult, VendorProfile
+from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section
 from policies.core.settings import ConfigError, boolean, number, parse_duration, section, texts
 from policies.profiles import extract_query, render_answer
@@ -256,7 +257,13 @@ def parse(raw: Any, path: str) -> FaultInjectionConfig:
     return section(raw, path, FaultInjectionConfig, {"enabled": boolean, "clients": texts})
 
 
-SECTION = Section("fault_injection", parse)
+def check(cfg: FaultInjectionConfig, route: RouteConfig, path: str) -> list[ConfigError]:
+    if route.has("mcp"):  # its answers are JSON-RPC, not a vendor's shapes
+        return [ConfigError(path, "not available on an MCP route; remove fault_injection")]
+    return []
+
+
+SECTION = Section("fault_injection", parse, check)
 
 
 def _build(at: Literal["vendor", "agent"]) -> Any:

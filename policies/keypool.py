@@ -17,6 +17,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 from urllib.parse import quote, unquote_plus
 
+import structlog
 from multidict import CIMultiDict
 
 from policies.backoff import parse_retry_after
@@ -30,6 +31,8 @@ from policies.core.profile import CredentialSlot
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section
 from policies.core.settings import FIELD_CONTROL, ConfigError
+
+log = structlog.get_logger("search_proxy.keypool")
 
 # Why a key is benched, as metrics label it and Benched records it.
 RATE_LIMITED, EXHAUSTED = "rate_limited", "exhausted"
@@ -139,6 +142,13 @@ class KeyPool:
                 return reply
             if not flow.context.fault_test:  # an injected fault benches no key
                 await self.benched.mark(self._names[index], bench[0], bench[1])
+                log.info(
+                    "key_benched",
+                    route=self.route,
+                    key=self.ids[index],
+                    reason=bench[1],
+                    seconds=round(bench[0], 3),
+                )
             tried.add(index)
             more, soonest = await self._free(start, tried)
             calls = flow.context.calls  # the re-send is one more vendor call of the request

@@ -13,6 +13,7 @@ import yaml
 from policies.core.clock import ManualClock
 from policies.keypool import key_id
 from proxy.config import ConfigErrors, parse_config, redacted, secret_values
+from proxy.logs import Redactor
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from testkit.waiting import eventually
 from tests.conftest import route
@@ -247,6 +248,8 @@ def test_keys_print_redacted_and_are_secrets_for_the_logs(vendor: FakeVendor) ->
         "<redacted>#2",
     )
     assert set(KEYS) <= set(secret_values(config))
+    line = Redactor(secret_values(config))(None, "info", {"event": f"oops {KEYS[1]} leaked"})
+    assert KEYS[1] not in str(line) and "<redacted>" in line["event"]
 
 
 @pytest.mark.parametrize(
