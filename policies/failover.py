@@ -57,8 +57,9 @@ class FallbackConfig:
     # answer first, then stale.
     prefer: Literal["stale", "fresh"] = "stale"
     exhausted_for: float = 600.0  # benched after an exhausted-plan answer without a reset hint
-    # The longest the primary may hold a request (Retry-After, its limiter's queue, its
-    # breaker's wait or slow start) before the fallbacks are asked instead.
+    # The longest the primary may hold a request in all (failed attempts, Retry-After or
+    # backoff, its limiter's queue, its breaker's wait or slow start) before the fallbacks are
+    # asked instead.
     wait_at_most: float = WAIT_AT_MOST_S
 
 

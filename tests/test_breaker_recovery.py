@@ -487,6 +487,31 @@ async def test_a_slow_start_place_beyond_wait_at_most_is_refused_for_the_fallbac
     assert reply.status == 200 and clock.sleeps and clock.sleeps[0] < 2.0
 
 
+@pytest.mark.parametrize(("probe", "halted"), [(PROBED.probe, True), (None, False)])
+async def test_a_trial_is_one_attempt_while_an_active_probe_watches_the_vendor(
+    probe: ProbeConfig | None, halted: bool
+) -> None:
+    """The probe tells when the vendor is back: a half-open trial need not retry, so an outage
+    costs one search per trial rather than one per attempt."""
+    clock = SteppedClock()
+    config = BreakerConfig(fail_max=1, open_initial=1.0, reset_timeout=60.0, probe=probe)
+    breaker = Breaker(ROUTE, config, clock, send_probe=Prober([503]))
+    await breaker.start()
+    try:
+        await fail(breaker, Upstream())
+        clock.advance(1.0)  # the opening is over (the probe failed meanwhile)
+        seen: list[bool] = []
+
+        async def trial(flow: Flow) -> Reply:
+            seen.append(breaker.halts_retries())
+            return Reply(503, CIMultiDict())
+
+        await breaker.handle(make_flow(), trial)
+        assert seen == [halted]
+    finally:
+        await breaker.stop()
+
+
 # -- replicas sharing Redis ----------------------------------------------------------------------
 
 

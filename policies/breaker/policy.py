@@ -96,9 +96,13 @@ class Breaker:
     def halts_retries(self) -> bool:
         """Whether the request being handled should stop retrying: the circuit is open, or it
         is half-open and the request is not one of its probes (it was admitted before the trip;
-        with short openings its retry would otherwise land as an extra, ungated probe)."""
+        with short openings its retry would otherwise land as an extra, ungated probe), or is
+        one while an active probe watches the vendor (the probe tells recovery: a trial is one
+        search, not one per retry)."""
         admitted = _ADMITTED.get()
         epoch = admitted[1] if admitted is not None and admitted[0] is self else None
+        if self._circuit.state != CLOSED and self._probing():
+            return True
         return self._circuit.halts_retries(epoch)
 
     def seconds_until_half_open(self) -> float:
