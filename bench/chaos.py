@@ -319,6 +319,11 @@ def minute(pinning: Pinning) -> list[Scenario]:
         f"{_ms(percentile([c.seconds for c in calls], 99))}, "
         f"{searches / max(1, sum(c.answered for c in calls)):.2f} calls per answer"
     )
+    every = Phase("all", 0.0, phases[-1].end)
+    s.details.append(
+        "the whole minute: "
+        + _state_line(fallback, start, _in(fallback.calls, every), 0.0, every.end)
+    )
     s.details.insert(0, _setup(len(fallback.calls)))
     s.details.append(_metrics_line(fallback.metrics))
     out.append(s)
