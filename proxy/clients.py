@@ -208,15 +208,16 @@ class ClientGate:
 
 
 def keyless_routes(routes: Mapping[str, Route]) -> list[str]:
-    """Routes whose vendor takes a key in a slot the route does not fill (`headers.set`): with
-    clients configured, their requests reach the vendor with no key at all."""
+    """Routes whose vendor takes a key in a slot the route does not fill (`headers.set` or
+    `keys`): with clients configured, their requests reach the vendor with no key at all."""
     keyless = []
     for name, route in routes.items():
         slot = credential_slot(route.profile) if route.profile is not None else None
         if slot is None:
             continue
-        filled = slot.kind == "header" and any(
-            header.lower() == slot.name.lower() for header, _ in route.set_headers
+        filled = route.keys is not None or (
+            slot.kind == "header"
+            and any(header.lower() == slot.name.lower() for header, _ in route.set_headers)
         )
         if not filled:
             keyless.append(name)

@@ -48,6 +48,8 @@ from proxy.redact import redact_url
 
 # A tool call the proxy answers itself: past ten minutes no MCP client is still waiting.
 MAX_CALL_TIMEOUT = 600.0
+# The most providers `mode: merge` asks at once: every configured vendor, with room to spare.
+MAX_MERGED = 20
 # Upper bounds of search_api.max_batch and max_calls_per_request: a batch is answered in one
 # response, and every call it makes holds an upstream connection.
 MAX_BATCH_LIMIT = 100
@@ -97,6 +99,7 @@ class SearchApiConfig:
     max_batch: int = 20
     max_providers: int | None = None
     max_calls_per_request: int = 100
+    merge_providers: int = 3  # `mode: merge` asks this many providers at once
 
 
 @dataclass(frozen=True)
@@ -323,6 +326,7 @@ def parse_search_api(raw: Any, path: str) -> SearchApiConfig:
             "max_batch": whole_in(1, MAX_BATCH_LIMIT),
             "max_providers": whole_in(1),
             "max_calls_per_request": whole_in(1, MAX_CALLS_LIMIT),
+            "merge_providers": whole_in(2, MAX_MERGED),
         },
     )
     if cfg.max_calls_per_request < cfg.max_batch:
