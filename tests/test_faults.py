@@ -71,7 +71,9 @@ async def test_at_the_vendor_the_routes_retries_act_and_the_agent_sees_their_res
     assert injected == [
         'search_proxy_faults_injected_total{at="vendor",fault="503",route="tavily"} 3.0'
     ]
-    assert not await metric_lines(client, "search_proxy_upstream_attempts_total")
+    # The route's series are declared at zero; no injected attempt counts as a vendor's.
+    attempts = await metric_lines(client, "search_proxy_upstream_attempts_total")
+    assert attempts and all(line.endswith(" 0.0") for line in attempts), attempts
 
 
 async def test_at_the_vendor_failover_answers_a_failed_primary(
