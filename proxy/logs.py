@@ -64,12 +64,27 @@ class Redactor:
         self.known = re.compile("|".join(map(re.escape, known))) if known else None
 
     def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        known = self.known
         for key, value in event.items():
-            if value is not None and (
-                isinstance(value, str | Mapping | list | tuple) or is_credential_name(key)
-            ):
-                event[key] = redact_value(key, value, self.known)
+            if value is None:
+                continue
+            kind = type(value)
+            if kind is str:
+                if is_credential_name(key):
+                    event[key] = REDACTED
+                else:
+                    text = redact_text(value)
+                    event[key] = known.sub(REDACTED, text) if known is not None else text
+            elif kind in _NUMBERS:  # a number is hidden under a credential's name only
+                if is_credential_name(key):
+                    event[key] = REDACTED
+            else:
+                event[key] = redact_value(key, value, known)
         return event
+
+
+# Exact types, tested before anything slower: most fields of a line are these.
+_NUMBERS = frozenset({int, float, bool})
 
 
 def _orjson_dumps(obj: Any, default: Any = None) -> bytes:
@@ -135,10 +150,11 @@ def configure_logging(
     _REDACTOR = Redactor(secrets)
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
-        structlog.processors.add_log_level,
-        structlog.processors.TimeStamper(fmt="iso", utc=True),
         structlog.processors.format_exc_info,
         _REDACTOR,
+        # After the redactor: the level and time are the proxy's own words.
+        structlog.processors.add_log_level,
+        structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
     if fmt == "json":
         processors.append(structlog.processors.JSONRenderer(serializer=_orjson_dumps))
