@@ -30,6 +30,7 @@ from proxy.config import (
     secret_values,
 )
 from proxy.guard import CUT_MARGIN_S, GuardedRunner
+from proxy.internals import internals_problem
 from proxy.logs import configure_logging
 from proxy.redact import REDACTED
 from proxy.reload import RELOADER, config_hash
@@ -237,6 +238,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
     if opts.command == "check-config":
         return check_config(opts.file)
+    problem = internals_problem()
+    if problem is not None:
+        print(f"search-proxy: {problem}", file=sys.stderr)
+        return 1
     try:
         config, digest = _load(opts.config)
     except ConfigError as exc:

@@ -6,8 +6,9 @@ aiohttp's server has none of these timeouts and answers malformed requests in pl
 `ClientConnection` subclasses its RequestHandler (the per-connection protocol) and
 `GuardedServer` its Server (the protocol factory). They rely on internals of aiohttp 3.14:
 RequestHandler's `_messages`, `_request_count`, `_request_in_progress`, `_lingering_time`,
-`_reading_paused`/`_buffer_paused` and `_drain_helper`, and Server's `_kwargs`; tests/hostile
-drives each limit against a real process, so a change there fails a test, not production.
+`_reading_paused`/`_buffer_paused` and `_drain_helper`, and Server's `_kwargs`. pyproject.toml
+pins aiohttp's minor, start-up refuses an aiohttp without them (proxy/internals.py), and
+tests/hostile drives each limit against a real process.
 """
 
 from __future__ import annotations
