@@ -47,6 +47,7 @@ TIER_OF_MODULE = {
     "test_direct_fetch": "integration",
     "test_mcp_fetch": "integration",
     "test_hostile_config": "e2e",
+    "test_deadlines": "e2e",
     "test_internals": "unit",
     "test_upstream": "integration",
     "test_redis_recovery": "integration",

@@ -69,9 +69,11 @@ class ServerConfig:
     # Limits on agents' connections (nginx's defaults; see proxy/guard.py).
     header_timeout: float = 60.0
     body_timeout: float = 60.0
+    request_timeout: float = 60.0  # the request line, headers and whole body
     send_timeout: float = 60.0
     client_keepalive_timeout: float = 75.0
     max_connections: int = 1000
+    max_connections_per_peer: int | None = None  # None: half of max_connections
     # Reload when the config file changes (proxy/reload.py); SIGHUP and POST /admin/reload
     # reload whatever this says.
     watch_config: bool = True
@@ -135,7 +137,7 @@ class Config:
 
 
 def parse_server(raw: Any, path: str) -> ServerConfig:
-    return section(
+    cfg = section(
         raw,
         path,
         ServerConfig,
@@ -152,12 +154,23 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "keepalive_timeout": parse_duration,
             "header_timeout": positive_duration,
             "body_timeout": positive_duration,
+            "request_timeout": positive_duration,
             "send_timeout": positive_duration,
             "client_keepalive_timeout": positive_duration,
             "max_connections": whole_in(1),
+            "max_connections_per_peer": whole_in(1),
             "watch_config": boolean,
         },
     )
+    per_peer = cfg.max_connections_per_peer
+    if per_peer is not None and per_peer > cfg.max_connections:
+        raise ConfigError(
+            join(path, "max_connections_per_peer"),
+            f"{per_peer} is more than server.max_connections ({cfg.max_connections}): one "
+            "address could take every connection; lower it, or leave it out (half of "
+            "max_connections)",
+        )
+    return cfg
 
 
 def parse_redis(raw: Any, path: str) -> RedisConfig:
