@@ -26,6 +26,7 @@ from policies.core.errors import ProxyError
 from policies.core.flow import Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
+from proxy.bodies import read_body
 from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.direct import DirectHooks
@@ -74,23 +75,6 @@ def client_identity(headers: CIMultiDictProxy[str]) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(
-            f"request body of {request.content_length} bytes exceeds the "
-            f"limit of {limit} bytes; send a smaller request"
-        )
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        body = None
-    if body is None or len(body) > limit:
-        raise PayloadTooLarge(
-            f"request body exceeds the limit of {limit} bytes; send a smaller request"
-        )
-    return body
-
-
 def _refused_method(method: str) -> MethodNotAllowed:
     if method == "CONNECT":
         text = (
@@ -130,7 +114,7 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     caller = None
     if state.clients is not None:  # before anything is read, counted or sent
         caller = await state.clients.admit(route.profile, request.headers, target.query_string)
-    body = await read_body(request, state.config.server.max_body_bytes)
+    body = await read_body(request, state.config.server.max_body_bytes, route.name)
     flow = ex.flow = Flow.new(
         route=route.name,
         method=request.method,
@@ -290,7 +274,8 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
     mcp = state.mcp
     assert mcp is not None  # built with the app
     caller = await mcp.admit(request)
-    body = await read_body(request, state.config.server.max_body_bytes)
+    server = state.config.server
+    body = await read_body(request, server.max_body_bytes, state.config.mcp_server.path)
     who = caller.name if caller is not None else client_identity(request.headers)
     # A tool call stops, with its vendor calls, once its client has gone.
     watch = watch_agent(request)

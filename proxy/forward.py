@@ -34,26 +34,14 @@ from policies.core.errors import (
 )
 from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
+from policies.core.route import HOP_BY_HOP, PROXY_OWNED
 from proxy.config import RouteConfig
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "proxy-authenticate",
-        "proxy-authorization",
-    }
-)
 # Never copied from the agent: aiohttp derives Host from the URL and frames the body itself,
 # and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
-_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
+_REQUEST_DROP = PROXY_OWNED
 # aiohttp decodes compressed bodies, so the vendor's framing headers no longer describe them.
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
 # What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).

@@ -41,11 +41,11 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Scope
 
 from policies.core.errors import ProxyError, seconds_text
+from policies.core.route import HOP_BY_HOP
 from proxy import __version__
 from proxy.clients import Caller, ClientGate, hostname, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, InternalError, MethodNotAllowed, NotFound
-from proxy.forward import HOP_BY_HOP
 from proxy.mcp_fetch import FetchTool
 from proxy.mcp_tool import (
     INSTRUCTIONS,

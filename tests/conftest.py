@@ -48,6 +48,8 @@ TIER_OF_MODULE = {
     "test_mcp_fetch": "integration",
     "test_hostile_config": "e2e",
     "test_deadlines": "e2e",
+    "test_bad_input": "e2e",
+    "test_bodies": "unit",
     "test_internals": "unit",
     "test_upstream": "integration",
     "test_redis_recovery": "integration",
