@@ -274,6 +274,7 @@ class _Race:
             wall=wall,
             deadline=self.flow.context.deadline,
             calls=self.flow.context.calls,
+            as_fallback=True,
         )
         dropped: list[str] = []
         work = _reply_of(answer, p.profile, search, dropped)

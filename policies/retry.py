@@ -147,7 +147,7 @@ class Retry:
             if calls is not None and not calls.spend():
                 raise CallBudgetSpent(
                     f"{self.route}: this request already made its {calls.limit} vendor "
-                    "calls (search_api.max_calls_per_request); send fewer queries or providers",
+                    f"calls ({calls.setting}); {calls.advice}",
                     route=self.route,
                     attempts=trace.attempts,
                 )

@@ -23,7 +23,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError
-from policies.core.flow import Flow
+from policies.core.flow import CallBudget, Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
 from proxy.bodies import read_body
@@ -136,6 +136,11 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         client=caller.name if caller is not None else client_identity(request.headers),
         deadline=ex.started + route.config.timeouts.total,
         started=ex.started,
+        calls=CallBudget(
+            route.config.max_calls_per_request,
+            f"routes.{route.name}.max_calls_per_request",
+            "its retries, hedges, simplified variants and failovers stop there",
+        ),
     )
     if caller is not None:  # the client token never reaches the vendor
         flow = ex.flow = flow.with_request(caller.scrub(flow.request))

@@ -239,7 +239,11 @@ class FetchApi:
             )
         asked = parse_request(body, self.config, endpoint)
         trace.urls = len(asked.call.urls)
-        calls = CallBudget(self.config.max_calls_per_request)
+        calls = CallBudget(
+            self.config.max_calls_per_request,
+            "fetch_api.max_calls_per_request",
+            "ask for fewer URLs at a time",
+        )
         now = self.clock.now()
         asking = Asking(
             request_id=rid,

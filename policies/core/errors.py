@@ -120,8 +120,8 @@ class RateLimited(LocalRefusal):
 
 
 class CallBudgetSpent(LocalRefusal):
-    """The agent request made search_api.max_calls_per_request vendor calls: no more are made
-    for it (another provider's cache may still answer)."""
+    """The agent request made all the vendor calls it may (a route's max_calls_per_request,
+    search_api's or fetch_api's): no more are made for it (a cache may still answer)."""
 
     status = 503
     type = "call_budget_spent"

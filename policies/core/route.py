@@ -83,6 +83,9 @@ class RouteConfig:
     headers: HeaderRules = HeaderRules()
     # The largest answer read from the vendor, counted after decompression.
     max_response_bytes: int = 8 * 1024 * 1024
+    # Vendor calls one agent request may cause: its retries, hedges, simplified variants and
+    # failovers (each fallback's own calls included) all spend from it.
+    max_calls_per_request: int = 20
     sections: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def get(self, section: Keyed[C]) -> C | None:
