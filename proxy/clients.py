@@ -37,12 +37,72 @@ CHALLENGE = {"WWW-Authenticate": 'Bearer realm="search-proxy"'}
 
 def token_problem(token: str) -> str | None:
     """Why `token` is too weak to guard anything (None: it will do). Never quotes the token."""
+    why: str | None = f"must be at least {MIN_TOKEN_CHARS} visible ASCII characters without spaces"
     if len(token) >= MIN_TOKEN_CHARS and _VISIBLE_ASCII.match(token):
-        return None
-    return (
-        f"must be at least {MIN_TOKEN_CHARS} visible ASCII characters without spaces, not a "
-        "placeholder; generate one with `openssl rand -hex 32`"
-    )
+        why = guessable(token)
+    return None if why is None else f"{why}; generate one with `{GENERATOR}`"
+
+
+GENERATOR = "openssl rand -hex 32"
+# Words that make a token a placeholder, a default or the first guess: none turns up in a
+# generated one (a 64-character hex or base64 token holds any of them with odds below 1e-6).
+GUESSED_WORDS = (
+    "replace",
+    "change",
+    "example",
+    "placeholder",
+    "generate",
+    "your",
+    "insert",
+    "dummy",
+    "sample",
+    "default",
+    "password",
+    "passw0rd",
+    "secret",
+    "token",
+    "admin",
+    "local",
+    "qwerty",
+    "letmein",
+    "welcome",
+)
+MIN_DISTINCT = 6  # a 16-character hex token has about 10
+# A word (lower case or Capitalised, not all hex letters) and a number, either way round, maybe
+# with one symbol after: `sunshine12345678`, `2024Springtime!`.
+_WORD = r"[A-Z]?[a-z]*[g-z][a-z]*"
+_WORD_AND_NUMBER = re.compile(rf"^(?:{_WORD}[0-9]+|[0-9]+{_WORD})[^A-Za-z0-9]?$")
+
+
+def guessable(token: str) -> str | None:
+    """Why a token of the right length is still guessable: a placeholder or a common word, a
+    word and a number, or mostly repeated or sequential characters; None when it is not."""
+    if any(form in token for w in GUESSED_WORDS for form in (w, w.upper(), w.capitalize())):
+        return "looks like a placeholder, a default or a common word, not a generated token"
+    if _WORD_AND_NUMBER.match(token):
+        return "is a word and a number, not a generated token"
+    if len(set(token)) < MIN_DISTINCT or 2 * _unpatterned(token) < len(token):
+        return "is mostly repeated or sequential characters, not a generated token"
+    return None
+
+
+def _unpatterned(token: str) -> int:
+    """How many characters of `token` are outside runs of 3+ of one character and runs of 4+
+    characters each one up or down from the one before (`aaa`, `1234`, `fedc`): a guessable
+    token is mostly such runs, a generated one has few."""
+    n, kept, i = len(token), 0, 0
+    while i < n:
+        run = 1
+        step = ord(token[i + 1]) - ord(token[i]) if i + 1 < n else 0
+        while i + run < n and ord(token[i + run]) - ord(token[i + run - 1]) == step:
+            run += 1
+        patterned = (step == 0 and run >= 3) or (abs(step) == 1 and run >= 4)
+        if patterned:
+            i += run
+        else:
+            kept += 1
+            i += 1
+    return kept
 
 
 def is_loopback_host(host: str) -> bool:

@@ -118,7 +118,7 @@ def build_generation(
         fetch_api=fetch_api,
         direct=direct,
         openapi_json=orjson.dumps(document, option=orjson.OPT_INDENT_2),
-        admin=Admin(routes, admin_token(config.server)),
+        admin=Admin(routes, admin_token(config.server), config.server.admin_names),
         clients=_client_gate(config, routes, quotas, metrics),
         kept=deps.kept,
         shared=deps.shared,

@@ -63,6 +63,8 @@ class ServerConfig:
     # The admin endpoints' own listener; off loopback only with admin_token (proxy/admin.py).
     admin_host: str = "127.0.0.1"
     admin_port: int = 8081
+    # Without a token: Host names the admin endpoints answer besides loopback ones.
+    admin_names: tuple[str, ...] = ()
     upstream_connections: int = 256
     upstream_connections_per_host: int = 64
     keepalive_timeout: float = 15.0  # the upstream pool's idle connections
@@ -149,6 +151,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "admin_token": text,
             "admin_host": host,
             "admin_port": port,
+            "admin_names": _names,
             "upstream_connections": whole_in(1),
             "upstream_connections_per_host": whole_in(0),
             "keepalive_timeout": parse_duration,
@@ -171,6 +174,14 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "max_connections)",
         )
     return cfg
+
+
+def _names(value: Any, path: str) -> tuple[str, ...]:
+    """Host names (DNS names or addresses), as a Host header would carry them."""
+    found = texts(value, path)
+    for i, name in enumerate(found):
+        host(name, f"{path}[{i}]")
+    return found
 
 
 def parse_redis(raw: Any, path: str) -> RedisConfig:
