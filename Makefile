@@ -1,4 +1,5 @@
-# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite
+# search-proxy: `make run` serves config.yaml on 127.0.0.1:8080; `make test` sets up and runs the suite;
+# `make demo` serves a demo with fake vendors, no keys needed
 # (`make test TIER=unit`: one tier, unit|integration|e2e|deploy, see tests/conftest.py).
 PYTHON ?= python3
 VENV   := .venv
@@ -12,18 +13,27 @@ TIER   ?=
 MCP_TS_SDK := 1.32.2
 TS_SDK_STAMP := $(VENV)/node_modules/@modelcontextprotocol/sdk/package.json
 
-.PHONY: run test lint format bench venv redis-server deploy-tools browser ts-sdk check-config clean
+.PHONY: run demo test lint format bench venv redis-server curl deploy-tools browser ts-sdk \
+	check-config clean
 
-# `make run PORT=9000 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST and PORT override the
-# config's server section. `:=` ignores a PORT or HOST in the environment; the command line wins.
+# `make run PORT=9000 ADMIN_PORT=9001 HOST=0.0.0.0 CONFIG=other.yaml`, each optional: HOST, PORT
+# and ADMIN_PORT override the config's server section (a second instance needs both ports).
+# `:=` ignores them in the environment; the command line wins.
 HOST :=
 PORT :=
+ADMIN_PORT :=
+LISTEN = $(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))$(if $(ADMIN_PORT), --admin-port $(ADMIN_PORT))
 run: $(RUN_STAMP)
-	$(BIN)/search-proxy --config $(CONFIG)$(if $(HOST), --host $(HOST))$(if $(PORT), --port $(PORT))
+	$(BIN)/search-proxy --config $(CONFIG)$(LISTEN)
+
+# The proxy on proxy/testing/demo.yaml with a fake vendor behind each route: no keys, no network;
+# in the foreground, Ctrl-C stops it all. PORT, ADMIN_PORT and HOST as for `make run`.
+demo: $(RUN_STAMP)
+	$(BIN)/python -m proxy.testing.demo$(LISTEN)
 
 # Only the deploy tier (or the whole suite) needs promtool, prometheus and docker-compose; only
 # the e2e tier (or the whole suite) a browser, node and the TypeScript MCP SDK.
-test: $(TEST_STAMP) redis-server $(if $(filter-out deploy,$(TIER)),,deploy-tools) \
+test: $(TEST_STAMP) redis-server curl $(if $(filter-out deploy,$(TIER)),,deploy-tools) \
 		$(if $(filter-out e2e,$(TIER)),,browser ts-sdk)
 	$(BIN)/pytest -q $(if $(TIER),-m $(TIER)) $(PYTEST_ARGS)
 
@@ -77,6 +87,10 @@ redis-server:
 	@sh scripts/ensure-package.sh redis-server redis-server
 	@sh scripts/ensure-package.sh redis-cli redis-tools
 	@sh scripts/ensure-package.sh openssl openssl
+
+# The README's tour and docs/ show curl commands; tests/test_tour.py and test_docs.py run them.
+curl:
+	@sh scripts/ensure-package.sh curl curl
 
 # promtool checks the alert rules and prometheus runs the dashboard's queries (one Debian
 # package); docker-compose checks the compose file (no engine needed).

@@ -96,7 +96,7 @@ def run_scenarios(
 def fake_vendor(
     pinning: Pinning, *args: str, port: int = 0, timeout: float = 20.0
 ) -> Iterator[str]:
-    """`python -m testkit.fakevendor --port PORT ARGS` on the non-proxy CPU; yields its URL.
+    """`python -m proxy.testing.fakevendor --port PORT ARGS` on the non-proxy CPU; yields its URL.
 
     A given `port` lets a vendor be stopped and started again, in another mode, at the URL a
     running proxy already has (the fake has no runtime control for its modes).

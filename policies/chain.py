@@ -1,4 +1,4 @@
-"""The route chain: every policy's place, in one ordered registry (README, "How a request flows").
+"""The route chain: every policy's place, in one ordered registry (docs/request-flow.md).
 
     search guard -> [failover] -> cache -> [failover] -> breaker -> search recovery -> retry
                  -> [hedge] -> rate limit -> upstream

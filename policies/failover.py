@@ -10,6 +10,7 @@ fallback instead of paying one failing call each.
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -33,8 +34,10 @@ from policies.providers import (
     DROPPED_HEADER,
     Answer,
     Search,
+    all_failed,
     first_answer,
     read_search,
+    reason_of,
     translated,
 )
 
@@ -152,10 +155,12 @@ class Failover:
         if ref is None:  # not a search, or this route stands in for another: no failover
             return await call_next(flow)
         key = self._bench_key(flow)
+        parts: list[Answer] = []  # each fallback's part, in the order asked
         tried = False  # the fallbacks were asked already (while the vendor is benched)
         benched = await self.exhausted.remaining(key) if key is not None else 0.0
         if benched > 0:
-            answer = await self._fall_back(flow, ref, f"plan exhausted ({math.ceil(benched)}s)")
+            why = f"plan exhausted ({math.ceil(benched)}s)"
+            answer = await self._fall_back(flow, ref, why, parts)
             if answer is not None:
                 return answer
             tried = True
@@ -164,9 +169,11 @@ class Failover:
         except ClientFault:
             raise
         except ProxyError as failure:
-            answer = None if tried else await self._fall_back(flow, ref, failure.type)
+            answer = None if tried else await self._fall_back(flow, ref, failure.type, parts)
             if answer is None:
-                raise
+                if not parts:
+                    raise
+                raise self._all_failed(failure, parts, benched=tried) from None
             return answer
         try:
             outcome = self.classify(reply)
@@ -176,11 +183,15 @@ class Failover:
             elif not outcome.is_vendor_failure:
                 return reply
             why = f"upstream {reply.status}"
-            answer = None if tried else await self._fall_back(flow, ref, why)
+            answer = None if tried else await self._fall_back(flow, ref, why, parts)
         except BaseException:
             reply.discard()  # a failed stream's connection goes back, whatever happened
             raise
         if answer is None:
+            if parts:  # the vendor's own answer goes on; a header says the fallbacks failed too
+                tried_too = ", ".join(f"{p.provider} {p.reason}" for p in parts)
+                failed = f"{self.route} failed: {why}; its fallbacks too: {tried_too}"
+                flow.trace.reply_headers["X-Search-Failover"] = _header_text(failed)
             return reply
         reply.discard()
         return answer
@@ -192,14 +203,34 @@ class Failover:
             return self.config.exhausted_for
         return min(hinted, MAX_BENCH)
 
-    async def _fall_back(self, flow: Flow, ref: QueryRef, why: str) -> Reply | None:
-        """The first fallback's answer (results, or else an empty one), or None."""
+    def _all_failed(self, failure: ProxyError, parts: list[Answer], *, benched: bool) -> ProxyError:
+        """The route's own failure (its type, status and category kept), its message naming
+        every provider tried in order with what it answered, without addresses: the agent
+        learns the others were tried, and when to retry. `benched`: the fallbacks were asked
+        first, the vendor's plan being spent."""
+        reason = reason_of(failure) + _after(failure.attempts)
+        own = Answer(self.route, "failed", "", reason=reason, retry_after_s=failure.retry_after_s)
+        message, retry_in = all_failed([*parts, own] if benched else [own, *parts])
+        told = copy.copy(failure)  # a failure may be kept (the loop guard replays terminal ones)
+        told.message, told.args, told.retry_after_s = message, (message,), retry_in
+        return told
+
+    async def _fall_back(
+        self, flow: Flow, ref: QueryRef, why: str, parts: list[Answer]
+    ) -> Reply | None:
+        """The first fallback's answer (results, or else an empty one), or None; each
+        fallback's part is added to `parts`."""
         wall = datetime.fromtimestamp(self.clock.wall(), UTC)
         search = read_search(self.profile, flow, ref, wall)
+
+        def on_part(part: Answer) -> None:
+            parts.append(part)
+            self.events.failover(self.route, part.provider, _EVENT[part.part])
+
         answer = await first_answer(
             self.providers(),
             search,
-            on_part=lambda part: self.events.failover(self.route, part.provider, _EVENT[part.part]),
+            on_part=on_part,
             request_id=flow.request.request_id,
             now=self.clock.now(),
             wall=wall,
@@ -217,11 +248,23 @@ class Failover:
             flow.trace.reply_headers[DROPPED_HEADER] = ",".join(answer.dropped)
         else:
             flow.trace.reply_headers.pop(DROPPED_HEADER, None)
-        reply = translated(self.profile, answer, search.count)
+        reply = translated(self.profile, answer, search.count, f"{self.route} failed: {why}")
         reply.headers.setdefault(
             "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{answer.provider}"
         )
         return reply
+
+
+def _header_text(text: str) -> str:
+    """`text` as a header value: a vendor's words quoted in a reason may hold anything."""
+    return "".join(c if " " <= c <= "~" else "?" for c in text)[:_HEADER_CHARS]
+
+
+_HEADER_CHARS = 500
+
+
+def _after(attempts: int) -> str:
+    return f" after {attempts} attempts" if attempts > 1 else ""
 
 
 # The failover event of each provider's part.

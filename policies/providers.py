@@ -10,7 +10,7 @@ import hashlib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, Protocol
 from urllib.parse import parse_qsl, urlencode
 
 import orjson
@@ -18,7 +18,7 @@ from multidict import CIMultiDict
 
 from policies.backoff import parse_retry_after
 from policies.core.credentials import is_credential_name
-from policies.core.errors import CircuitOpen, ProxyError, seconds_text
+from policies.core.errors import MIN_RETRY_S, CircuitOpen, ProxyError, seconds_text
 from policies.core.flow import CallBudget, Flow, Reply
 from policies.core.outcome import TERMINAL_STATUSES, Outcome
 from policies.core.section import Provider
@@ -40,6 +40,8 @@ from policies.profiles import (
 DEFAULT_RESULTS = 5
 # Set by a route's failover when a fallback answered: the unified options it dropped.
 DROPPED_HEADER = "X-Search-Dropped-Options"
+# The field of a translated answer's body naming the vendor that answered.
+NOTE = "search_proxy"
 # What a translated answer keeps of the provider's own answer: how its cache answered.
 _CACHE_HEADERS = ("Age", "X-Cache", "Cache-Status")
 
@@ -95,15 +97,33 @@ def skipped(provider: Provider, search: Search, *, own_key: bool = False) -> Ans
     """Why `provider` is not asked now (no key configured and none sent, its circuit open), or
     None when it may be."""
     if provider.missing_key is not None and not own_key:
-        header, name = provider.missing_key, provider.name
-        why = f"has no API key configured (its {header} header is empty: set the variable"
-        why += f" in routes.{name}.headers.set, or send credentials.{name})"
-        return Answer(name, "skipped", search.query, reason=why, terminal=True)
+        return Answer(
+            provider.name, "skipped", search.query, reason=_no_key(provider), terminal=True
+        )
     wait = provider.circuit_open()
     if wait is not None:
+        wait = max(wait, MIN_RETRY_S)
         why = f"circuit open (retry in {seconds_text(wait)})"
         return Answer(provider.name, "skipped", search.query, reason=why, retry_after_s=wait)
     return None
+
+
+def _no_key(provider: Provider) -> str:
+    """Why a provider without a key of its own is skipped, and what to set or send."""
+    return f"{missing_key(provider)} (or, on /v1/search, send credentials.{provider.name})"
+
+
+def missing_key(provider: Provider) -> str:
+    """Why a provider has no key of its own, and what to set: the variable its key reads, or
+    else the header configured empty."""
+    name, header, variable = provider.name, provider.missing_key, provider.key_variable
+    where = f"routes.{name}.headers.set.{header}"
+    if variable is not None:
+        return (
+            f"has no API key: {variable} is not set ({where} reads it); export {variable} "
+            "before starting the proxy"
+        )
+    return f"has no API key configured ({where} is empty): set it"
 
 
 async def ask(
@@ -139,7 +159,7 @@ async def ask(
             flow.trace.query_used or search.query,
             err.upstream_status or err.status,
             (clock_now() - started) * 1000,
-            _reason(err),
+            reason_of(err),
             err.retry_after_s,
             dropped=dropped,
         )
@@ -170,11 +190,16 @@ async def first_answer(
     return empty
 
 
-def translated(primary: VendorProfile, answer: Answer, count: int) -> Reply:
+def translated(primary: VendorProfile, answer: Answer, count: int, why: str = "") -> Reply:
     """`answer` as a reply in `primary`'s vendor shape, so the agent's SDK parses results
-    another vendor found as it parses its own (`reply.provider` names who answered)."""
+    another vendor found as it parses its own (`reply.provider` names who answered). Where the
+    shape is an object, it carries a `search_proxy` note saying so (and `why`, when given), for
+    an agent that logs or reads its tool's output."""
     results = normalize_results(list(answer.results), max_results=count)
-    body = orjson.dumps(render_answer(primary, results, answer.query))
+    data = render_answer(primary, results, answer.query)
+    if isinstance(data, dict):
+        data[NOTE] = {"provider": answer.provider, **({"why": why} if why else {})}
+    body = orjson.dumps(data)
     headers: CIMultiDict[str] = CIMultiDict({"Content-Type": "application/json"})
     headers.extend(answer.cache_headers)
     outcome = Outcome.OK if results else Outcome.EMPTY
@@ -284,7 +309,38 @@ def _answer(
     return Answer(provider.name, "failed", used, status, ms, reason, asked, dropped=dropped)
 
 
-def _reason(err: ProxyError) -> str:
+class Failed(Protocol):
+    """A provider's failed part in a search, as a summary of all of them reads it."""
+
+    @property
+    def provider(self) -> str: ...
+
+    @property
+    def reason(self) -> str: ...
+
+    @property
+    def retry_after_s(self) -> float | None: ...
+
+    @property
+    def terminal(self) -> bool: ...
+
+
+def all_failed(parts: Sequence[Failed]) -> tuple[str, float | None]:
+    """What an agent reads when every provider failed, each named in the order tried with what
+    it answered, and the shortest wait any asked for (at least MIN_RETRY_S): 'All 3 providers
+    failed: tavily unreachable, exa 503 (retry after 30s), brave circuit open (retry in 27s).
+    Retry in 27s.'"""
+    reasons = ", ".join(f"{p.provider} {p.reason}" for p in parts)
+    waits = [p.retry_after_s for p in parts if p.retry_after_s is not None]
+    retry_in = max(min(waits), MIN_RETRY_S) if waits else None
+    advice = f"Retry in {seconds_text(retry_in)}." if retry_in is not None else "Retry shortly."
+    refused = [p.provider for p in parts if p.terminal]
+    if refused:
+        advice += f" ({', '.join(refused)} will not recover on a retry: check key and plan.)"
+    return f"All {len(parts)} providers failed: {reasons}. {advice}", retry_in
+
+
+def reason_of(err: ProxyError) -> str:
     """A provider's failure in a few words: 'timed out after 10s', 'circuit open (retry in 27s)'."""
     if err.retry_after_s is None or err.retry_after_s <= 0:
         return err.reason

@@ -204,6 +204,7 @@ class Retry:
                     attempts=trace.attempts,
                     upstream_status=reply.status if reply is not None else None,
                     retry_after_s=decision.retry_after,
+                    reason=str(reply.status) if reply is not None else None,  # a 503 says so
                 )
             min_attempt = min(self.per_try, max(MIN_ATTEMPT_S, 2 * self._typical_s))
             deadline = flow.context.deadline

@@ -56,6 +56,8 @@ ROUTE_METHODS = "GET, HEAD, POST, PUT, PATCH, DELETE, OPTIONS"
 # The route label /v1/search is counted under in the request metrics (/mcp: its path).
 SEARCH_LABEL = "/v1/search"
 FETCH_LABEL = "/v1/fetch"
+# Set on the admin endpoints' own application: its 404 lists them.
+ADMIN_LISTENER = web.AppKey("admin_listener", bool)
 
 
 def client_identity(headers: CIMultiDictProxy[str]) -> str:
@@ -304,10 +306,32 @@ async def admin_endpoint(request: web.Request) -> web.Response:
 async def admin_elsewhere(request: web.Request) -> web.Response:
     """/admin/* on the agents' port: not here, and says where."""
     err = NotFound(
-        "the admin endpoints are not served on this port: they have a listener of their own "
-        "(server.admin_host:server.admin_port, 127.0.0.1:8081 unless configured)"
+        "the admin endpoints are not served on this port: they have a listener of their own, "
+        f"at {request.app[STATE].admin_at()} (server.admin_host:server.admin_port, or "
+        "--admin-port)"
     )
     return error_response(err, request_id(request))
+
+
+def _not_found(request: web.Request) -> NotFound:
+    """A path no handler of this listener takes: on the admin listener, the admin endpoints it
+    serves and where agents go instead; on the agents' port, where requests go."""
+    path = repr(request.raw_path)
+    if not request.app.get(ADMIN_LISTENER, False):
+        return NotFound(
+            f"{path} is not a path this proxy serves; send requests to a route prefix such as "
+            "/tavily/search"
+        )
+    served = ", ".join(
+        f"{route.method} {route.resource.canonical}"
+        for route in request.app.router.routes()
+        if route.resource is not None and route.method != "HEAD"
+    )
+    agents = request.app[STATE].agents_address or "the agents' port (server.port)"
+    return NotFound(
+        f"{path} is not an admin endpoint; this listener serves {served}. Agents' requests "
+        f"(route prefixes such as /tavily/search, /v1/search, /v1/fetch, /mcp) go to {agents}"
+    )
 
 
 @web.middleware
@@ -328,10 +352,7 @@ async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamR
                 headers={"Allow": allowed},
             )
         elif isinstance(exc, web.HTTPNotFound):
-            err = NotFound(
-                f"{request.raw_path!r} is not a path this proxy serves; send requests to a "
-                "route prefix such as /tavily/search"
-            )
+            err = _not_found(request)
         elif isinstance(exc, web.HTTPRequestEntityTooLarge):
             limit = request.app[STATE].config.server.max_body_bytes
             err = PayloadTooLarge(
@@ -482,6 +503,7 @@ def build_admin_app(app: web.Application) -> web.Application:
     whose start-up builds the routes they act on."""
     admin = web.Application(middlewares=[own_error_shape])
     admin[STATE] = app[STATE]
+    admin[ADMIN_LISTENER] = True
     admin[RELOADER] = app[RELOADER]
     admin.router.add_get("/", status_page)
     admin.router.add_get("/admin/status", status_endpoint)

@@ -9,6 +9,7 @@ import argparse
 import asyncio
 import dataclasses
 import gc
+import os
 import signal
 import sys
 from collections.abc import Sequence
@@ -24,6 +25,7 @@ from proxy.config import (
     Config,
     ConfigError,
     ConfigErrors,
+    InvalidConfig,
     load_config,
     read_config_file,
     redacted,
@@ -34,7 +36,8 @@ from proxy.internals import internals_problem
 from proxy.logs import configure_logging
 from proxy.redact import REDACTED
 from proxy.reload import RELOADER, config_hash
-from proxy.startup import check_startup
+from proxy.startup import check_startup, startup_errors
+from proxy.state import address
 
 EXIT_CONFIG = 2
 
@@ -98,9 +101,13 @@ def _report(exc: ConfigError) -> None:
 def _load(path: str) -> tuple[Config, str]:
     """The config in `path`, parsed and built as start-up builds it (no port, no Redis command),
     and the hash of the file: a config this returns cannot fail start-up; anything else is a
-    ConfigError."""
+    ConfigError, with every mistake found in one run (start-up's token checks beside the
+    document's own errors)."""
     data = read_config_file(path)
-    config = load_config(path, data=data)
+    try:
+        config = load_config(path, data=data)
+    except InvalidConfig as exc:
+        raise ConfigErrors([*exc.errors, *asyncio.run(startup_errors(exc.partial))]) from None
     asyncio.run(check_startup(config))
     return config, config_hash(data)
 
@@ -121,17 +128,32 @@ def check_config(path: str) -> int:
 
 
 class CannotListen(Exception):
-    """A listening socket could not be opened (address in use, no permission ...)."""
+    """A listening socket could not be opened (address in use, no permission ...); the message
+    names the listener and how to give it another port."""
 
-    def __init__(self, host: str, port: int, reason: str) -> None:
-        super().__init__(f"cannot listen on {host}:{port}: {reason}")
+    def __init__(self, host: str, port: int, reason: str, listener: Listener) -> None:
+        what, flags = listener
+        super().__init__(
+            f"cannot listen on {address(host, port)}{what}: {reason}; choose another port "
+            f"with {flags}"
+        )
 
 
-async def _listen(site: web.TCPSite, host: str, port: int) -> None:
+Listener = tuple[str, str]  # what it is (after its address), how to give it another port
+AGENTS: Listener = ("", "--port or server.port (make run PORT=...)")
+ADMIN: Listener = (
+    " for the admin endpoints",
+    "--admin-port or server.admin_port (make run ADMIN_PORT=...; 0 = any free port)",
+)
+
+
+async def _listen(site: web.TCPSite, host: str, port: int, listener: Listener) -> None:
     try:
         await site.start()
     except OSError as exc:
-        raise CannotListen(host, port, exc.strerror or str(exc)) from exc
+        # asyncio's strerror repeats the address ("error while attempting to bind on ...").
+        reason = os.strerror(exc.errno) if exc.errno else str(exc)
+        raise CannotListen(host, port, reason, listener) from exc
 
 
 async def serve(
@@ -186,9 +208,10 @@ async def serve(
     admin_port = config.server.admin_port if admin_port is None else admin_port
     try:
         site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True)
-        await _listen(site, host, port)
+        await _listen(site, host, port, AGENTS)
         await admin_runner.setup()
-        await _listen(web.TCPSite(admin_runner, admin_host, admin_port), admin_host, admin_port)
+        admin_site = web.TCPSite(admin_runner, admin_host, admin_port)
+        await _listen(admin_site, admin_host, admin_port, ADMIN)
     except CannotListen:
         loop.remove_signal_handler(signal.SIGHUP)
         if admin_runner.server is not None:
@@ -200,6 +223,8 @@ async def serve(
     gc.freeze()
     bound = runner.addresses[0]
     admin_bound = admin_runner.addresses[0]
+    app[STATE].agents_address = address(bound[0], bound[1])
+    app[STATE].admin_address = address(admin_bound[0], admin_bound[1])
     log.info(
         "listening",
         host=bound[0],

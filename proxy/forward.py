@@ -8,6 +8,7 @@ can fail is translated here, at the boundary, into one of our error types.
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
@@ -300,7 +301,7 @@ class Upstream:
             return await self.slots.acquire(self.pool_key, wait)
         except PoolFull as full:
             if full.scope == "host":
-                what = f"all {full.limit} connections to {self.host} are busy"
+                what = f"all {full.limit} connections to its upstream host are busy"
                 setting = "server.upstream_connections_per_host"
             else:
                 what = f"all {full.limit} upstream connections of the proxy are busy"
@@ -365,25 +366,25 @@ class Upstream:
         except aiohttp.ClientConnectorDNSError as exc:
             raise self._no_connection(
                 flow,
-                f"the upstream host {self.host} does not resolve ({exc.os_error.strerror or exc});"
+                f"the upstream's host name does not resolve ({_os_reason(exc.os_error)});"
                 " this is the proxy's DNS or its route config, not a passing fault: retrying"
                 " will not help; check the route's upstream and the proxy's DNS, or use another"
                 " provider",
-                f"host {self.host} does not resolve",
+                "host name does not resolve",
                 transient=False,
             ) from None
         except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
             raise self._no_connection(
                 flow,
-                f"the TLS handshake with the upstream {self.host} failed ({type(exc).__name__});"
+                f"the TLS handshake with the upstream failed ({type(exc).__name__});"
                 " retrying will not help; check the route's upstream scheme and port and the"
                 " proxy's CA certificates, or use another provider",
-                f"TLS with {self.host} failed",
+                "TLS handshake failed",
                 transient=False,
             ) from None
         except aiohttp.ClientConnectorError as exc:
             raise UpstreamUnreachable(
-                f"{self.route}: cannot connect to the upstream ({exc.os_error.strerror or exc}) "
+                f"{self.route}: cannot connect to the upstream ({_os_reason(exc.os_error)}) "
                 f"{flow.attempt_text}; try again shortly or use another provider",
                 route=self.route,
                 attempts=flow.attempt,
@@ -577,3 +578,11 @@ class Upstream:
             attempts=flow.attempt,
             reason=f"timed out after {seconds_text(self.per_try)}",
         )
+
+
+def _os_reason(error: OSError) -> str:
+    """An OS error in words without the address it names ("Connection refused", never asyncio's
+    "Connect call failed ('10.0.3.7', 8080)"): agents read it, and the route's name is enough."""
+    if error.errno is not None and error.errno > 0:  # resolver errors count below 0
+        return os.strerror(error.errno)
+    return error.strerror or type(error).__name__

@@ -5,7 +5,7 @@ stateful parts live on where unchanged."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -108,6 +108,7 @@ def build_generation(
         same = previous is not None and previous.config.fetch_api.direct == config.fetch_api.direct
         direct = previous.direct if same and previous is not None else None
         direct = direct or DirectReader(config.fetch_api.direct, clock, direct_hooks)
+    _warn_missing_keys(routes, config.search_api.providers)
     fetch_api = FetchApi(config, routes, metrics, clock, redis, direct)
     document = fetch_api.describe(search_api.document)
     return Generation(
@@ -151,3 +152,22 @@ def _client_gate(
             "key in this route's headers.set, or its vendor answers without one",
         )
     return gate
+
+
+def _warn_missing_keys(routes: Mapping[str, Route], providers: Sequence[str]) -> None:
+    """One warning naming what to set for each provider of /v1/search and /mcp that has no key
+    of its own (its key's variable unset): both skip it, and otherwise only a request refused
+    for it would say so. Every generation warns: a reload can add such a provider."""
+    unkeyed = {
+        name: route.key_variable or f"routes.{name}.headers.set.{route.missing_key}"
+        for name in providers
+        if (route := routes.get(name)) is not None and route.missing_key is not None
+    }
+    if unkeyed:
+        log.warning(
+            "providers_without_key",
+            providers=unkeyed,
+            hint="POST /v1/search and /mcp skip these providers: export each variable before "
+            "starting the proxy (a /v1/search request's credentials can stand in); their own "
+            "routes pass the agent's key through",
+        )

@@ -48,6 +48,7 @@ class Route:
     breaker: Breaker | None = None
     cache: StaleCache | None = None
     missing_key: str | None = None  # a credential header configured empty (unset ${VAR:-})
+    key_variable: str | None = None  # the variable that header reads (TAVILY_API_KEY)
 
     @property
     def name(self) -> str:
@@ -96,6 +97,7 @@ def as_provider(route: Route, clock: Clock, profile: VendorProfile | None = None
         clock=clock,
         missing_key=route.missing_key,
         circuit_open=circuit_open,
+        key_variable=route.key_variable,
     )
 
 
@@ -183,12 +185,14 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             cached=cfg.has("cache"),
         )
         profile = None  # no vendor dialect: the answers are JSON-RPC
+    missing = next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None)
     return Route(
         config=cfg,
         handler=handler,
         metrics=metrics,
         set_headers=tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v)),
-        missing_key=next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None),
+        missing_key=missing,
+        key_variable=cfg.headers.variables.get(missing) if missing is not None else None,
         remove_headers=frozenset(h.lower() for h in cfg.headers.remove),
         policies=policies,
         classify=read.classify,

@@ -19,6 +19,7 @@ from proxy.config import (
     Config,
     ConfigError,
     ConfigErrors,
+    InvalidConfig,
     as_document,
     load_config,
     read_config_file,
@@ -28,7 +29,7 @@ from proxy.config.sections import mcp_server_config
 from proxy.generation import build_generation
 from proxy.logs import learn_secrets
 from proxy.redact import redact_text
-from proxy.startup import check_startup
+from proxy.startup import check_startup, startup_errors
 from proxy.state import STATE, ProxyState
 
 log = structlog.get_logger("search_proxy")
@@ -222,7 +223,11 @@ class Reloader:
         if digest == state.config_hash:
             return ReloadReport("unchanged", trigger, digest)
         try:
-            new = load_config(state.config_path, data=data)
+            try:
+                new = load_config(state.config_path, data=data)
+            except InvalidConfig as exc:  # every mistake in one answer, as check-config does
+                learn_secrets(secret_values(exc.partial))
+                raise ConfigErrors([*exc.errors, *await startup_errors(exc.partial)]) from None
             learn_secrets(secret_values(new))  # before any line could carry one of its secrets
             await check_startup(new)
             config = effective(state.config, new)

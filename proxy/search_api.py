@@ -25,7 +25,7 @@ import orjson
 from aiohttp import web
 
 from policies.core.clock import Clock
-from policies.core.errors import BadRequest, ProxyError, seconds_text
+from policies.core.errors import BadRequest, ProxyError
 from policies.core.flow import CallBudget
 from policies.core.options import MAX_DOMAINS, TIME_RANGES
 from policies.profiles import (
@@ -35,7 +35,7 @@ from policies.profiles import (
     extract_details,
     normalize_results,
 )
-from policies.providers import Answer, Search, ask, skipped
+from policies.providers import Answer, Search, all_failed, ask, skipped
 from policies.search import SECTION as SEARCH
 from proxy.bodies import read_body
 from proxy.config import SearchApiConfig
@@ -516,13 +516,9 @@ def _all_failed(tried: list[Tried]) -> ProxyError:
             attempts=len(tried),
             upstream_status=status,
         )
-    waits = [t.retry_after_s for t in tried if t.retry_after_s is not None]
-    retry_in = min(waits) if waits else None
-    advice = f"Retry in {seconds_text(retry_in)}." if retry_in is not None else "Retry shortly."
-    if refused:
-        advice += f" ({', '.join(refused)} will not recover on a retry: check key and plan.)"
+    message, retry_in = all_failed(tried)
     return ProvidersExhausted(
-        f"All {len(tried)} providers failed: {reasons}. {advice}",
+        message,
         route="search",
         attempts=len(tried),
         upstream_status=status,

@@ -17,11 +17,13 @@ from proxy.routing import Router
 from proxy.search_api import SearchApi
 
 
-async def check_startup(config: Config) -> None:
+async def check_startup(config: Config, *, whole: bool = True) -> None:
     """Build the Redis link, every route, the router, the search API, the client gate and the
     admin endpoints as `proxy.app` does at start-up, then drop them. A constructor's ValueError
     (its way of refusing a value) becomes a ConfigError naming the section it came from; weak
-    tokens and an admin listener off loopback without a token are refused too."""
+    tokens and an admin listener off loopback without a token are refused too. `whole=False`:
+    `config` is what parsed of a config with mistakes (InvalidConfig.partial); the parts built
+    from every route together (router, search API, admin) are left to the config once fixed."""
     errors: list[ConfigError] = []
     metrics = Metrics()
     for check in (
@@ -47,7 +49,7 @@ async def check_startup(config: Config) -> None:
                     deps.routes[name] = build_route(route, deps)
                 except ValueError as exc:
                     errors.append(ConfigError(f"routes.{name}", f"start-up cannot build it: {exc}"))
-            if not errors:
+            if whole and not errors:
                 Router([(r.config.prefix, r) for r in deps.routes.values()])
                 SearchApi(config.search_api, deps.routes, metrics, SYSTEM_CLOCK)
                 Admin(deps.routes, config.server.admin_token)
@@ -56,3 +58,12 @@ async def check_startup(config: Config) -> None:
             await redis.close()
     if errors:
         raise ConfigErrors(errors)
+
+
+async def startup_errors(partial: Config) -> tuple[ConfigError, ...]:
+    """What start-up refuses in the parts of a broken config that parsed (a weak token ...)."""
+    try:
+        await check_startup(partial, whole=False)
+    except ConfigErrors as exc:
+        return exc.errors
+    return ()

@@ -49,11 +49,20 @@ class ProxyState:
     log_requests: bool = True
     # The request metrics of the endpoints that are not routes (/v1/search, /v1/fetch, /mcp).
     endpoint_metrics: dict[str, RouteMetrics] = field(default_factory=dict)
+    # Where the listeners are bound (host:port), once they are: what a 404 on one names for the
+    # other. Until then (an app served by a test client) the config's admin address stands in.
+    agents_address: str | None = None
+    admin_address: str | None = None
     # The config file served, and the hash of what was read from it (proxy/reload.py).
     config_path: str | None = None
     config_hash: str = ""
     series: Series | None = None
     pulse: Pulse | None = None  # recent rates, latencies and errors, for the status page
+
+    def admin_at(self) -> str:
+        """The admin listener's address, as bound or as configured."""
+        server = self.config.server
+        return self.admin_address or address(server.admin_host, server.admin_port)
 
     def use(self, generation: Generation) -> None:
         """Serve `generation` from now on: one swap, no await inside, so a request sees the old
@@ -75,6 +84,11 @@ class ProxyState:
             self.series.declare(self.routes, self.config.search_api.providers)
         if self.pulse is not None:
             self.pulse.follow(self.config, [*self.routes, *self.endpoint_metrics])
+
+
+def address(host: str, port: int) -> str:
+    """`host:port`, an IPv6 host in brackets."""
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 STATE = web.AppKey("state", ProxyState)

@@ -161,6 +161,8 @@ def _provider(name: str, route: Route | None) -> dict[str, Any]:
         return {"name": name, "state": "skipped", "why": "no such route"}
     if route.missing_key is not None:
         why = f"no API key configured (its {route.missing_key} header is empty)"
+        if route.key_variable is not None:
+            why = f"no API key: {route.key_variable} is not set"
         return {"name": name, "state": "skipped", "why": why}
     breaker = route.breaker
     if breaker is not None and breaker.state == "open":

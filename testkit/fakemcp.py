@@ -55,7 +55,7 @@ from starlette.datastructures import Headers
 from starlette.requests import Request
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
-from testkit.fakevendor.vendors import make_results
+from proxy.testing.fakevendor.vendors import make_results
 
 FailMode = Literal["http_503", "jsonrpc_error", "tool_error", "mixed"]
 FAIL_MODES: tuple[str, ...] = ("http_503", "jsonrpc_error", "tool_error")

@@ -39,6 +39,8 @@ TIER_OF_MODULE = {
     "test_client_gate": "unit",
     "test_config": "unit",
     "test_deploy": "deploy",
+    "test_docs": "e2e",
+    "test_embed": "integration",
     "test_envelope": "integration",
     "test_fakemcp": "integration",
     "test_fakevendor": "integration",
@@ -91,6 +93,8 @@ TIER_OF_MODULE = {
     "test_mcp_sessions": "integration",
     "test_mcp2_client": "e2e",
     "test_mcp_ts_client": "e2e",
+    "test_plugin": "e2e",
+    "test_tour": "e2e",
 }
 
 

@@ -2,8 +2,8 @@
 this module (written as a policies/vendors/ module would be), is registered with one line and
 then served end to end by a real proxy in front of a fake ACME server on loopback: its route
 recovers searches, its errors come in its shape (also on a custom profile extending it), and
-/v1/search uses it with its options, details and key slot. The README's "Adding a vendor" diff
-is this very vendor, and applies to the registry as it is."""
+/v1/search uses it with its options, details and key slot. docs/development.md's "Adding a vendor"
+diff is this very vendor, and applies to the registry as it is."""
 
 from __future__ import annotations
 
@@ -196,18 +196,18 @@ async def test_v1_search_uses_it_with_its_options_details_and_key(
     assert headers["X-Acme-Key"] == "acme-key-1"
 
 
-# --- The README's diff ------------------------------------------------------------------------
+# --- docs/development.md's diff -----------------------------------------------------------------
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DEVELOPMENT = Path(__file__).resolve().parent.parent / "docs" / "development.md"
 HUNK = re.compile(r"^@@ -(\d+),(\d+) \+(\d+),(\d+) @@")
 
 
 def readme_diff() -> dict[str, list[list[str]]]:
-    """The "Adding a vendor" diff of the README: each file's hunks, as their lines."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index("\n### Adding a vendor\n")
+    """The "Adding a vendor" diff of docs/development.md: each file's hunks, as their lines."""
+    text = DEVELOPMENT.read_text(encoding="utf-8")
+    start = text.index("\n## Adding a vendor\n")
     match = re.search(r"```diff\n(.*?)```", text[start:], re.S)
-    assert match, "README: no diff under 'Adding a vendor'"
+    assert match, "docs/development.md: no diff under 'Adding a vendor'"
     files: dict[str, list[list[str]]] = {}
     hunks: list[list[str]] = []
     for line in match.group(1).splitlines():
@@ -242,7 +242,10 @@ def test_the_readme_adds_this_vendor_in_one_new_module_and_two_registry_lines() 
     ]
     namespace: dict[str, Any] = {}
     exec(
-        compile("\n".join(added["policies/vendors/acme.py"]), "README: acme.py", "exec"), namespace
+        compile(
+            "\n".join(added["policies/vendors/acme.py"]), "docs/development.md: acme.py", "exec"
+        ),
+        namespace,
     )
     shown = namespace["ACME"]
     # The data alike; the functions (its error shape, its option converters) doing the same.

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import subprocess
 import sys
+import urllib.error
 import urllib.request
 
 import pytest
@@ -171,3 +173,68 @@ def test_admin_on_a_non_loopback_address_without_a_token_refuses_to_start(tmp_pa
             timeout=5,
         ) as answer:
             assert json.loads(answer.read()) == {"breakers": {}}
+
+
+def get_json(url: str) -> tuple[int, dict]:
+    """The status and JSON body of a GET, error statuses included."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as answer:
+            return answer.status, json.loads(answer.read())
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read())
+
+
+@pytest.mark.e2e
+def test_each_listeners_404_names_the_other_listeners_real_address(vendor):
+    """With both ports chosen at start-up (0), the agents' port names where the admin endpoints
+    really are, and the admin listener lists its endpoints and names the agents' port."""
+    with ProxyProcess({"routes": {"tavily": cached_route(vendor)}}) as proxy:
+        status, body = get_json(f"{proxy.url}/admin/breakers")
+        assert status == 404
+        assert f"at 127.0.0.1:{proxy.admin_port} (server.admin_host" in body["error"]["message"]
+
+        status, body = get_json(f"{proxy.admin_url}/tavily/search")
+        assert status == 404 and body["error"]["type"] == "no_route"
+        message = body["error"]["message"]
+        assert message.startswith("'/tavily/search' is not an admin endpoint; this listener serves")
+        for endpoint in (
+            "GET /admin/breakers",
+            "POST /admin/breakers/{route}/reset",
+            "DELETE /admin/cache/{route}",
+        ):
+            assert endpoint in message
+        assert message.endswith(f"go to 127.0.0.1:{proxy.port}")
+        assert "send requests to a route prefix" not in message
+
+
+@pytest.mark.e2e
+@pytest.mark.parametrize("taken", ["--port", "--admin-port"])
+def test_a_port_in_use_names_the_listener_and_the_flag_and_key_to_move_it(tmp_path, taken):
+    config = tmp_path / "c.yaml"
+    config.write_text(yaml.safe_dump({"routes": {"tavily": route("http://127.0.0.1:9/t", "/t")}}))
+    with socket.socket() as holder:
+        holder.bind(("127.0.0.1", 0))
+        holder.listen()
+        port = holder.getsockname()[1]
+        ports = {"--port": "0", "--admin-port": "0", taken: str(port)}
+        done = subprocess.run(
+            [sys.executable, "-m", "proxy", "--config", str(config)]
+            + [a for flag, value in ports.items() for a in (flag, value)],
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    assert done.returncode == 1, done.stdout + done.stderr
+    if taken == "--admin-port":
+        expected = (
+            f"search-proxy: cannot listen on 127.0.0.1:{port} for the admin endpoints: Address "
+            "already in use; choose another port with --admin-port or server.admin_port "
+            "(make run ADMIN_PORT=...; 0 = any free port)"
+        )
+    else:
+        expected = (
+            f"search-proxy: cannot listen on 127.0.0.1:{port}: Address already in use; choose "
+            "another port with --port or server.port (make run PORT=...)"
+        )
+    assert done.stderr.splitlines()[-1] == expected

@@ -1,6 +1,6 @@
-"""The chain's registry is the only place a policy is wired: the README's example policy, run
-as its own module and registered with one line, is parsed, checked, printed back and built into
-a route, at its place in the chain, through a real proxy on loopback."""
+"""The chain's registry is the only place a policy is wired: docs/development.md's example
+policy, run as its own module and registered with one line, is parsed, checked, printed back and
+built into a route, at its place in the chain, through a real proxy on loopback."""
 
 from __future__ import annotations
 
@@ -19,23 +19,23 @@ from proxy.config import ConfigErrors, as_document, parse_config
 from testkit.fakevendor import FakeVendor
 from tests.conftest import route
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+DEVELOPMENT = Path(__file__).resolve().parent.parent / "docs" / "development.md"
 
 
 def readme_policy() -> types.ModuleType:
-    """The README's "Adding a policy" module, executed as `policies.stamp`."""
-    text = README.read_text(encoding="utf-8")
-    part = text[text.index("### Adding a policy\n") : text.index("### Tree\n")]
+    """docs/development.md's "Adding a policy" module, executed as `policies.stamp`."""
+    text = DEVELOPMENT.read_text(encoding="utf-8")
+    part = text[text.index("\n## Adding a policy\n") : text.index("\n## Adding a vendor\n")]
     (source,) = re.findall(r"```python\n(.*?)```", part, re.DOTALL)
     module = types.ModuleType("policies.stamp")
     sys.modules[module.__name__] = module
-    exec(compile(source, "README.md (policies/stamp.py)", "exec"), module.__dict__)
+    exec(compile(source, "docs/development.md (policies/stamp.py)", "exec"), module.__dict__)
     return module
 
 
 @pytest.fixture
 def stamp(monkeypatch: pytest.MonkeyPatch) -> Iterator[types.ModuleType]:
-    """The example policy, registered with the one line the README shows: after the cache."""
+    """The example policy, registered with the one line the page shows: after the cache."""
     module = readme_policy()
     at = chain.CHAIN.index(cache.LINK) + 1
     monkeypatch.setattr(chain, "CHAIN", (*chain.CHAIN[:at], module.LINK, *chain.CHAIN[at:]))

@@ -416,6 +416,42 @@ def test_cross_references_are_checked_on_what_parsed() -> None:
     ]
 
 
+def test_check_config_reports_one_mistake_of_each_kind_in_one_run(tmp_path, capsys) -> None:
+    """A repeated key, a bad field, a fallback to no route and a weak admin token: one run,
+    each with its YAML path, where each used to hide the next until it was fixed."""
+    f = tmp_path / "broken.yaml"
+    f.write_text(
+        "server:\n"
+        "  admin_token: changeme\n"
+        "routes:\n"
+        "  tavily:\n"
+        "    prefix: /tavily\n"
+        "    upstream: https://api.tavily.com\n"
+        "    search: {vendor: tavily}\n"
+        "    retry: {attempts: 99}\n"
+        "    fallback: {providers: [exa, bing]}\n"
+        "  exa:\n"
+        "    prefix: /exa\n"
+        "    prefix: /exa2\n"
+        "    upstream: https://api.exa.ai\n"
+        "    search: {vendor: exa}\n"
+    )
+
+    assert cli.main(["check-config", str(f)]) == 2
+
+    out = capsys.readouterr()
+    assert out.out == ""
+    assert out.err.splitlines() == [
+        "search-proxy: config error: routes.exa.prefix: duplicate key (first at line 11)",
+        "search-proxy: config error: routes.tavily.retry.attempts: expected a whole number "
+        "from 1 to 10, got 99",
+        "search-proxy: config error: routes.tavily.fallback.providers[1]: 'bing' is not "
+        "another route with a search section",
+        "search-proxy: config error: server.admin_token: must be at least 16 visible ASCII "
+        "characters without spaces; generate one with `openssl rand -hex 32`",
+    ]
+
+
 # --- check-config prints a config that loads back -------------------------------------------
 
 

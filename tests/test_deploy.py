@@ -1116,7 +1116,12 @@ def test_build_context_installs_the_package(tmp_path: Path) -> None:
     }
     assert sources <= set(names), sorted(sources - set(names))
     entry_points = next(n for n in names if n.endswith("entry_points.txt"))
-    assert "search-proxy = proxy.cli:main" in zipfile.ZipFile(wheel).read(entry_points).decode()
+    declared = zipfile.ZipFile(wheel).read(entry_points).decode()
+    assert "search-proxy = proxy.cli:main" in declared
+    # The pytest fixture for agents' test suites, its default config, and the licence.
+    assert "[pytest11]\nsearch_proxy = proxy.testing.plugin" in declared
+    assert "proxy/testing/demo.yaml" in names
+    assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
 
 
 def test_image_command_serves_passes_healthcheck_and_exits_0_on_sigterm() -> None:

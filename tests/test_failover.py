@@ -5,12 +5,16 @@ in the primary's answer shape."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import json
 from typing import Any
 
 import pytest
 
 from policies.core.clock import ManualClock
 from policies.profiles import BUILTIN_PROFILES, SearchResult, extract_results, render_answer
+from policies.providers import Answer, all_failed, translated
+from proxy.errors import ProvidersExhausted
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from testkit.procs import free_port
 from tests.conftest import route
@@ -90,6 +94,77 @@ async def test_answer_says_where_it_came_from_and_is_not_cached_as_the_primarys(
     assert 'search_proxy_failovers_total{provider="brave",result="answered",route="tavily"}' in (
         metrics
     )
+
+
+async def test_a_fallbacks_answer_carries_a_note_naming_who_answered(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    dead = f"http://127.0.0.1:{free_port()}"
+    client = await start_proxy(failover_config("tavily", dead, vendor, ["exa"]))
+    r = await client.post("/tavily/search", json={"query": QUERY, "max_results": 2})
+    assert r.status == 200
+    body = await r.json()
+    assert body["search_proxy"] == {
+        "provider": "exa",
+        "why": "tavily failed: upstream_unreachable",
+    }
+    assert [x["url"] for x in body["results"]] == expected_urls(QUERY, 2)  # as tavily's SDK reads
+
+
+def test_a_shape_without_room_for_a_field_gets_no_note() -> None:
+    listed = dataclasses.replace(BUILTIN_PROFILES["tavily"], results_paths=((),))  # a bare list
+    answer = Answer("exa", "results", QUERY, results=(SearchResult("https://a.example", "A", "a"),))
+    body = json.loads(translated(listed, answer, 5, "tavily failed").body)
+    assert isinstance(body, list) and len(body) == 1
+
+
+async def test_when_every_fallback_fails_too_the_error_names_each_provider_without_addresses(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    """What the agent (and the LLM behind it) reads: every provider, in the order tried, with
+    what it answered, and when to retry; no internal address."""
+    port = free_port()
+    raw = failover_config("tavily", f"http://127.0.0.1:{port}", vendor, ["exa", "brave"])
+    client = await start_proxy(raw)
+    vendor.script(Fault.status(503, retry_after=30), path_prefix="/exa")
+    vendor.script(Fault.status(502), path_prefix="/brave")
+    r = await client.post("/tavily/search", json={"query": QUERY})
+    assert r.status == 502 and r.headers["X-Proxy-Error"] == "upstream_unreachable"
+    message = (await r.json())["detail"]["error"]  # tavily's own error shape, for its SDK
+    assert message == (
+        "All 3 providers failed: tavily unreachable after 2 attempts, exa 503 (retry after 30s), "
+        "brave 502. Retry in 30s."
+    )
+    assert "127.0.0.1" not in message and str(port) not in message
+    assert r.headers["Retry-After"] == "30"
+
+
+async def test_a_vendors_own_error_passes_through_saying_its_fallbacks_failed_too(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    raw = failover_config("tavily", f"{vendor.url}/tavily", vendor, ["exa"])
+    client = await start_proxy(raw)
+    vendor.script(*[Fault.status(503)] * 4, path_prefix="/tavily")
+    vendor.script(Fault.status(500), path_prefix="/exa")
+    r = await client.post("/tavily/search", json={"query": QUERY})
+    assert r.status == 503 and "X-Proxy-Error" not in r.headers  # the vendor's answer
+    failed = "tavily failed: upstream 503; its fallbacks too: exa 500"
+    assert r.headers["X-Search-Failover"] == failed
+
+
+def test_the_wait_an_agent_is_told_is_never_zero() -> None:
+    parts = [
+        Answer("tavily", "skipped", QUERY, reason="circuit open", retry_after_s=0.0),
+        Answer("exa", "failed", QUERY, reason="503 (retry after 30s)", retry_after_s=30.0),
+    ]
+    message, retry_in = all_failed(parts)
+    assert message == (
+        "All 2 providers failed: tavily circuit open, exa 503 (retry after 30s). Retry in 1s."
+    )
+    assert retry_in == 1.0
+    err = ProvidersExhausted(message, retry_after_s=0.0)
+    assert err.response_headers()["Retry-After"] == "1"
+    assert "0ms" not in message
 
 
 async def test_prefer_stale_serves_the_primarys_stale_entry_before_a_fallback(

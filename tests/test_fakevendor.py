@@ -1,4 +1,4 @@
-"""Tests of the fake search vendor itself (testkit/fakevendor/)."""
+"""Tests of the fake search vendor itself (proxy/testing/fakevendor/)."""
 
 from __future__ import annotations
 

@@ -25,7 +25,8 @@ A = "https://example.com/articles/token-buckets"
 B = "https://docs.example.org/guide?section=limits"
 C = "https://blog.example.net/2025/03/breakers"
 NO_RETRY = {"attempts": 1}
-README = Path(__file__).resolve().parent.parent / "README.md"
+DOCS = Path(__file__).resolve().parent.parent / "docs"
+CONFIGURATION, ENDPOINTS = DOCS / "configuration.md", DOCS / "endpoints.md"
 
 
 def routes(url: str) -> dict[str, Any]:
@@ -163,6 +164,9 @@ async def test_a_provider_without_its_key_is_skipped_and_says_how_to_set_it(
     client = await start_proxy(raw)
     answer = await fetch(client, urls=[A])
     assert page_of(answer, A)["provider"] == "exa"
+    alone = await fetch(client, urls=["https://example.com/unread"], providers=["tavily"])
+    [failed] = alone["failed"]
+    assert failed["attempts"][0]["reason"].startswith("has no API key: TAVILY_KEY is not set")
     assert extracts(vendor, "/tavily/extract") == []
 
 
@@ -346,18 +350,33 @@ def test_bad_fetch_api_config_names_the_yaml_path(
     assert any(p == path and reason in r for p, r in found), found
 
 
-def test_the_readme_documents_every_fetch_api_key_and_its_example_is_valid() -> None:
-    text = README.read_text(encoding="utf-8")
-    start = text.index("### `fetch_api` (`POST /v1/fetch`)")
-    section = text[start : text.index("## MCP: the proxy's own /mcp server")]
+def test_a_broken_route_fetch_api_names_is_reported_once_by_its_own_errors() -> None:
+    """check-config's rule: every mistake in one run, a broken part reported once, not again
+    by what names it."""
+    raw = fetching("http://127.0.0.1:9", "tavily", "jina-reader")
+    raw["routes"]["tavily"]["timeouts"]["per_try"] = "ten"
+    raw["routes"]["jina-reader"]["retry"] = {"attempts": 99}
+    with pytest.raises(ConfigErrors) as caught:
+        parse_config(raw, {})
+    assert sorted(e.path for e in caught.value.errors) == [
+        "routes.jina-reader.retry.attempts",
+        "routes.tavily.timeouts.per_try",
+    ]
+
+
+def test_the_docs_document_every_fetch_api_key_and_the_example_is_valid() -> None:
+    text = CONFIGURATION.read_text(encoding="utf-8")
+    start = text.index("## `fetch_api` (`POST /v1/fetch`)")
+    section = text[start : text.index("\n## ", start)]
     first_cells = [line.split("|")[1] for line in section.splitlines() if line.startswith("| `")]
     documented = {name for cell in first_cells for name in re.findall(r"`([^`]+)`", cell)}
     keys = {f.name for f in fields(FetchApiConfig)} - {"cache", "direct"}
     keys |= {f"cache.{f.name}" for f in fields(PageCacheConfig)}
     keys |= {f"direct.{f.name}" for f in fields(DirectFetchConfig)}
     missing = keys - documented
-    assert not missing, f"README's fetch_api sections leave out: {sorted(missing)}"
-    example = re.search(r"curl -s localhost:8080/v1/fetch -d '(.*?)'", section, re.DOTALL)
+    assert not missing, f"docs/configuration.md's fetch_api section leaves out: {sorted(missing)}"
+    endpoint = ENDPOINTS.read_text(encoding="utf-8")
+    example = re.search(r"curl -s localhost:8080/v1/fetch -d '(.*?)'", endpoint, re.DOTALL)
     assert example is not None
     call = parse_request(json.loads(example.group(1)), FetchApiConfig(providers=("tavily",)))
     assert call.call.format == "markdown" and call.max_chars == 8000

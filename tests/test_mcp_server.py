@@ -31,7 +31,7 @@ from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from testkit.procs import free_port
 from tests.conftest import route
 
-README = Path(__file__).resolve().parent.parent / "README.md"
+MCP_DOC = Path(__file__).resolve().parent.parent / "docs" / "mcp.md"
 QUERY = "circuit breaker pattern"
 TOKEN = "mcp-client-5b1e9d3f7a2c8e40f6"
 RETRY = {"attempts": 1}
@@ -356,17 +356,17 @@ async def test_ten_parallel_tool_calls_all_succeed(proxy: Any, vendor: FakeVendo
     assert vendor.count("/tavily") == 10
 
 
-async def test_the_readme_example_and_client_config(proxy: Any) -> None:
-    """The README's snippet, run as written but for the proxy's address."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index("\n## MCP: the proxy's own /mcp server\n")
+async def test_the_documented_example_and_client_config(proxy: Any) -> None:
+    """docs/mcp.md's snippet, run as written but for the proxy's address."""
+    text = MCP_DOC.read_text(encoding="utf-8")
+    start = text.index("\n## The proxy's own `/mcp` server\n")
     section = text[start : text.index("\n## ", start + 1)]
     code = section.split("```python\n", 1)[1].split("```", 1)[0]
     assert "http://localhost:8080/mcp" in code and code.rstrip().endswith("asyncio.run(main())")
     base = str(proxy.make_url("")).rstrip("/")
     code = code.replace("http://localhost:8080", base).replace("asyncio.run(main())", "")
     namespace: dict[str, Any] = {}
-    exec(compile(code, "README.md", "exec"), namespace)
+    exec(compile(code, "docs/mcp.md", "exec"), namespace)
     printed = io.StringIO()
     with structlog.testing.capture_logs(), contextlib.redirect_stdout(printed):  # logs aside
         await namespace["main"]()

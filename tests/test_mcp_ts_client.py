@@ -212,20 +212,21 @@ async def test_a_ts_agent_that_gives_up_or_leaves_stops_the_vendor_calls_of_mcp(
     assert vendor.count() == 2  # one vendor call each: none after the agent gave up
 
 
-def readme_section(title: str) -> str:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
+def mcp_doc_section(title: str) -> str:
+    text = (ROOT / "docs" / "mcp.md").read_text(encoding="utf-8")
     start = text.index(f"\n## {title}\n")
-    return text[start : text.index("\n## ", start + 1)]
+    end = text.find("\n## ", start + 1)
+    return text[start : end if end >= 0 else len(text)]
 
 
-async def test_the_readme_typescript_example_runs_as_written(
+async def test_the_documented_typescript_example_runs_as_written(
     start_proxy: Any, tmp_path: Path
 ) -> None:
-    """README's "Connecting MCP clients", its TypeScript block run by node against a route
+    """docs/mcp.md's "Connecting MCP clients", its TypeScript block run by node against a route
     named as the shipped one, the agent's own key passing through; its other blocks parse."""
-    section = readme_section("Connecting MCP clients")
+    section = mcp_doc_section("Connecting MCP clients")
     code = section.split("```ts\n", 1)[1].split("```", 1)[0]
-    fake = FakeMcp(path="/mcp/", api_key="tvly-readme-key")
+    fake = FakeMcp(path="/mcp/", api_key="tvly-docs-key")
     async with serve_fake_mcp(fake) as endpoint:
         body = route(str(URL(endpoint).origin()), "/tavily-mcp", mcp={"server": "tavily"})
         proxy = await start_proxy({"routes": {"tavily-mcp": body}})
@@ -236,15 +237,15 @@ async def test_the_readme_typescript_example_runs_as_written(
         node = await asyncio.create_subprocess_exec(
             "node",
             str(script),
-            env={**os.environ, "TAVILY_API_KEY": "tvly-readme-key"},
+            env={**os.environ, "TAVILY_API_KEY": "tvly-docs-key"},
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
         )
         out, err = await asyncio.wait_for(node.communicate(), 30)
     assert node.returncode == 0, err.decode()[-2000:]
-    assert json.loads(out)["results"] and fake.calls[0].authorization == "Bearer tvly-readme-key"
+    assert json.loads(out)["results"] and fake.calls[0].authorization == "Bearer tvly-docs-key"
     config = json.loads(section.split("```json\n", 1)[1].split("```", 1)[0])
     assert config["mcpServers"]["tavily"]["url"] == "http://localhost:8080/tavily-mcp/mcp/"
-    inspector = section.split("```sh\n", 1)[1].split("```", 1)[0]
+    inspector = section.split("```shell\n", 1)[1].split("```", 1)[0]
     assert "--server-url http://localhost:8080/tavily-mcp/mcp/" in inspector
     assert '--header "Authorization: Bearer' in inspector

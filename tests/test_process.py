@@ -146,7 +146,7 @@ def test_every_config_mistake_is_reported_before_listening(tmp_path):
 _MAKE_STATE = ("MAKEFLAGS", "MAKELEVEL", "MFLAGS", "MAKEOVERRIDES")
 
 
-def test_make_run_passes_port_and_host_only_when_given():
+def test_make_run_passes_port_admin_port_and_host_only_when_given():
     def dry_run(*args: str, **env: str) -> str:
         # A top-level make even when this suite runs under `make test` (no inherited state).
         clean = {k: v for k, v in os.environ.items() if k not in _MAKE_STATE}
@@ -168,3 +168,7 @@ def test_make_run_passes_port_and_host_only_when_given():
     assert dry_run("CONFIG=o.yaml", "HOST=0.0.0.0", "PORT=9000") == (
         f"{serve} o.yaml --host 0.0.0.0 --port 9000"
     )
+    assert dry_run("PORT=9000", "ADMIN_PORT=9001") == (
+        f"{serve} config.yaml --port 9000 --admin-port 9001"
+    )
+    assert dry_run(ADMIN_PORT="9001") == f"{serve} config.yaml"  # environment ignored

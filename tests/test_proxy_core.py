@@ -248,15 +248,20 @@ async def test_upstream_timeout_is_a_504_an_agent_can_read(vendor, start_proxy):
     assert err["attempts"] == 1 and err["route"] == "v"
 
 
-async def test_connection_refused_is_a_502(start_proxy):
+async def test_connection_refused_is_a_502_naming_the_route_not_the_address(start_proxy):
     from testkit.procs import free_port
 
-    client = await start_proxy({"routes": {"v": route(f"http://127.0.0.1:{free_port()}", "/v")}})
+    port = free_port()
+    client = await start_proxy({"routes": {"v": route(f"http://127.0.0.1:{port}", "/v")}})
     r = await client.get("/v/search")
     assert r.status == 502
     err = (await r.json())["error"]
     assert err["type"] == "upstream_unreachable"
-    assert err["message"].startswith("v: cannot connect to the upstream")
+    assert err["message"] == (
+        "v: cannot connect to the upstream (Connection refused) (attempt 1 of 1); try again "
+        "shortly or use another provider"
+    )
+    assert "127.0.0.1" not in err["message"] and str(port) not in err["message"]
 
 
 async def test_total_deadline_exceeded_is_a_504(vendor, start_proxy):

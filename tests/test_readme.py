@@ -1,6 +1,6 @@
 """The README, followed to the letter against the shipped config.yaml (only the vendors' origins
-swapped for the fake vendor): the quick start, every row of "Point your agent at it" and the
-/v1/search example.
+swapped for the fake vendor): the quick start, every row of "Point your agent at it" and its agent
+code, and docs/endpoints.md's /v1/search example.
 
 The SDK table is parsed, not copied: each `Name(kw="http://localhost:8080/...")` span is built
 with exactly the README's arguments (the URL pointed at the test's proxy, plus the credential the
@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import ast
 import asyncio
-import dataclasses
 import inspect
 import json
 import re
@@ -29,12 +28,9 @@ import tavily
 from exa_py import AsyncExa, Exa
 from langchain_tavily import TavilySearch
 from linkup import LinkupClient
-from prometheus_client.metrics import MetricWrapperBase
 
-from proxy.app import build_admin_app, build_app
-from proxy.config import Config, RouteConfig, ServerConfig, parse_config
-from proxy.metrics import Metrics
-from proxy.reload import RESTART_ONLY
+from proxy.app import build_app
+from proxy.config import Config, RouteConfig
 from testkit.fakevendor import FakeVendor, Received, make_results
 from tests.test_shipped_config import SHIPPED, shipped_config
 
@@ -45,6 +41,7 @@ with warnings.catch_warnings():  # "langchain-community is being sunset": still 
     from langchain_community.utilities.searx_search import SearxSearchWrapper
 
 README = Path(__file__).resolve().parent.parent / "README.md"
+ENDPOINTS = README.parent / "docs" / "endpoints.md"
 PROXY = "http://localhost:8080"  # the proxy's address as the README writes it
 URL = re.compile(r"http://localhost:8080[^\s\"'`)]*")
 KEY = "agent-own-key"
@@ -386,20 +383,21 @@ def test_quick_start_make_run_serves_the_shipped_config_where_it_says() -> None:
     assert re.search(rf"^CONFIG \?= {re.escape(SHIPPED.name)}$", makefile, re.MULTILINE)
     config = shipped_config("http://fake.invalid")
     assert (config.server.host, config.server.port) == (m.group(2), int(m.group(3)))
-    assert f"{PROXY}/" in python_block(text)  # the agent's URL is that server (localhost)
+    # The agent's URL is that server (localhost).
+    assert f"{PROXY}/" in python_block(section("Point your agent at it"))
 
 
-async def test_quick_start_agent_code_gets_results(vendor: FakeVendor, aiohttp_client: Any) -> None:
+async def test_agent_code_gets_results(vendor: FakeVendor, aiohttp_client: Any) -> None:
     client = await proxy(aiohttp_client, vendor)
     base = str(client.make_url("")).rstrip("/")
-    tree = ast.parse(python_block(section("Quick start")))
+    tree = ast.parse(python_block(section("Point your agent at it")))
     for node in ast.walk(tree):
         if isinstance(node, ast.Constant) and isinstance(node.value, str):
             node.value = node.value.replace(PROXY, base)
     last = tree.body[-1]
-    assert isinstance(last, ast.Expr), "the quick start ends with the search call"
+    assert isinstance(last, ast.Expr), "the agent code ends with the search call"
     tree.body[-1] = ast.Assign([ast.Name("answer", ast.Store())], last.value)
-    code = compile(ast.fix_missing_locations(tree), "README.md quick start", "exec")
+    code = compile(ast.fix_missing_locations(tree), "README.md agent code", "exec")
     namespace: dict[str, Any] = {}
 
     await asyncio.to_thread(exec, code, namespace)
@@ -407,7 +405,7 @@ async def test_quick_start_agent_code_gets_results(vendor: FakeVendor, aiohttp_c
     query = vendor.last.json()["query"]
     answer = namespace["answer"]
     assert [(r["url"], r["title"], r["content"]) for r in answer["results"]] == expected(query)
-    (key,) = re.findall(r'api_key="([^"]+)"', python_block(section("Quick start")))
+    (key,) = re.findall(r'api_key="([^"]+)"', python_block(section("Point your agent at it")))
     assert vendor.last.headers["Authorization"] == f"Bearer {key}"  # the agent's own key
 
 
@@ -430,14 +428,14 @@ def test_readme_names_every_key_variable_config_yaml_reads() -> None:
     text = SHIPPED.read_text(encoding="utf-8")
     read = set(re.findall(r"\$\{([A-Z0-9_]+_API_KEY):-\}", text))
     assert read == set(ENV)
-    quick = section("Quick start")
-    assert all(f"`{var}`" in quick for var in read), "README quick start: key variables"
+    text = section("Point your agent at it")
+    assert all(f"`{var}`" in text for var in read), "README, Point your agent at it: key variables"
 
 
 def readme_search_body() -> dict[str, Any]:
-    """The JSON body of the README's `curl ... /v1/search -d '...'` example."""
-    m = re.search(r"curl -s \S*/v1/search -d '(.*?)'", README.read_text(encoding="utf-8"), re.S)
-    assert m, "README: the /v1/search curl example is gone"
+    """The JSON body of docs/endpoints.md's `curl ... /v1/search -d '...'` example."""
+    m = re.search(r"curl -s \S*/v1/search -d '(.*?)'", ENDPOINTS.read_text(encoding="utf-8"), re.S)
+    assert m, "docs/endpoints.md: the /v1/search curl example is gone"
     body: dict[str, Any] = json.loads(m.group(1))
     return body
 
@@ -472,7 +470,11 @@ async def test_v1_search_without_keys_refuses_and_names_the_missing_key(
     assert r.status == 502
     err = (await r.json())["error"]
     assert err["type"] == "all_providers_refused"
-    assert "tavily has no API key configured (its Authorization header is empty" in err["message"]
+    assert (
+        "tavily has no API key: TAVILY_API_KEY is not set (routes.tavily.headers.set.Authorization"
+        " reads it); export TAVILY_API_KEY before starting the proxy (or, on /v1/search, send"
+        " credentials.tavily)"
+    ) in err["message"]
     assert vendor.count() == 0
 
 
@@ -489,42 +491,3 @@ async def test_a_key_in_the_environment_replaces_the_agents_own(
     answer = await asyncio.to_thread(search)
     assert len(answer["results"]) == N
     assert vendor.last.headers.getall("Authorization") == [f"Bearer {ENV['TAVILY_API_KEY']}"]
-
-
-# --------------------------------------------------------------------------- the reference
-
-
-def subsection(title: str) -> str:
-    """The text of one `### title` subsection."""
-    text = README.read_text(encoding="utf-8")
-    start = text.index(f"\n### {title}\n")
-    end = text.find("\n#", start + 1)
-    return text[start:end]
-
-
-def test_every_server_key_metric_and_admin_endpoint_is_documented() -> None:
-    server_keys = set(re.findall(r"^\| `(\w+)` \|", subsection("`server`"), re.MULTILINE))
-    assert server_keys == {f.name for f in dataclasses.fields(ServerConfig)}
-    metrics_text = section("Metrics")
-    for metric in vars(Metrics()).values():
-        if isinstance(metric, MetricWrapperBase):
-            shown = metric._name + ("_total" if metric._type == "counter" else "")
-            assert f"`{shown}`" in metrics_text, f"{shown} is not in the README's Metrics table"
-    admin_text = section("Admin endpoints")
-    for resource in build_admin_app(build_app(parse_config(MINIMAL, {}))).router.resources():
-        path = resource.canonical
-        methods = {r.method for r in resource if r.method != "HEAD"}
-        for method in methods:
-            assert f"`{method} {path}`" in admin_text, f"{method} {path} is not documented"
-
-
-def test_the_reload_section_names_every_restart_only_setting() -> None:
-    text = section("Reload (SIGHUP, POST /admin/reload, the file watch)")
-    for path in RESTART_ONLY:
-        if path == "server.workers":
-            continue  # named for when it exists
-        top, _, key = path.partition(".")
-        assert f"`{key or top}`" in text or f"`{path}`" in text, f"{path} is not named"
-
-
-MINIMAL = {"routes": {"echo": {"prefix": "/echo", "upstream": "http://127.0.0.1:1"}}}

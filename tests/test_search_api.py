@@ -15,8 +15,8 @@ from referencing.jsonschema import DRAFT202012
 from policies.core.clock import ManualClock
 from proxy.openapi import option_support
 from proxy.search_api import FIELDS
+from proxy.testing.fakevendor.vendors import params_of
 from testkit.fakevendor import VENDORS, FakeVendor, expected_urls
-from testkit.fakevendor.vendors import params_of
 from tests.conftest import route
 
 RETRY = {"attempts": 1}
@@ -316,7 +316,7 @@ async def test_an_agents_key_stands_in_for_a_key_not_configured(aiohttp_server, 
     client = await start_proxy({"routes": {"tavily": provider(u1, "tavily", headers=keyed)}})
     r = await client.post("/v1/search", json={"query": "no key"})
     err = (await r.json())["error"]
-    assert r.status == 502 and "or send credentials.tavily" in err["message"]
+    assert r.status == 502 and "send credentials.tavily)" in err["message"]
     answer = await search(client, query="my key", credentials={"tavily": "mine"})
     assert answer["provider"] == "tavily"
     assert first.last.headers["Authorization"] == "Bearer mine"

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+import structlog
+
 from policies.core.clock import ManualClock
 from policies.simplify import simplify_query
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
@@ -205,7 +207,46 @@ async def test_v1_search_skips_a_provider_whose_key_is_not_set(aiohttp_server, s
     only = await client.post("/v1/search", json={"query": "keys", "providers": ["tavily"]})
     err = (await only.json())["error"]
     assert only.status == 502 and err["type"] == "all_providers_refused"
-    assert "tavily has no API key configured (its Authorization header is empty" in err["message"]
+    assert (
+        "tavily has no API key: TAVILY_API_KEY is not set (routes.tavily.headers.set.Authorization"
+        " reads it); export TAVILY_API_KEY before starting the proxy (or, on /v1/search, send"
+        " credentials.tavily)"
+    ) in err["message"]
+
+
+async def test_a_key_configured_empty_names_the_header_to_set(aiohttp_server, start_proxy):
+    first, _second, (u1, _u2) = await two_vendors(aiohttp_server)
+    empty = {"set": {"Authorization": "Bearer "}}  # no variable to name
+    client = await start_proxy({"routes": {"tavily": provider(u1, "tavily", headers=empty)}})
+    r = await client.post("/v1/search", json={"query": "keys"})
+    assert r.status == 502 and first.count() == 0
+    assert (
+        "tavily has no API key configured (routes.tavily.headers.set.Authorization is empty): "
+        "set it (or, on /v1/search, send credentials.tavily)"
+    ) in (await r.json())["error"]["message"]
+
+
+async def test_start_up_warns_once_naming_the_variable_each_keyless_provider_needs(
+    aiohttp_server, start_proxy
+):
+    _first, _second, (u1, u2) = await two_vendors(aiohttp_server)
+    routes = {
+        "tavily": provider(u1, "tavily", headers={"set": {"Authorization": "Bearer ${TK:-}"}}),
+        "brave": provider(u2, "brave", headers={"set": {"X-Subscription-Token": "${BK:-}"}}),
+        "exa": provider(u2, "exa", headers={"set": {"x-api-key": "${EK:-}"}}),
+        "searxng": provider(u2, "searxng"),  # takes no key: nothing to say
+    }
+    with structlog.testing.capture_logs() as logs:
+        await start_proxy({"routes": routes}, env={"EK": "exa-key"})
+    warnings = [e for e in logs if e["event"] == "providers_without_key"]
+    assert len(warnings) == 1
+    assert warnings[0]["log_level"] == "warning"
+    assert warnings[0]["providers"] == {"tavily": "TK", "brave": "BK"}
+    assert "export each variable before starting the proxy" in warnings[0]["hint"]
+
+    with structlog.testing.capture_logs() as logs:
+        await start_proxy({"routes": routes}, env={"TK": "t", "BK": "b", "EK": "e"})
+    assert not [e for e in logs if e["event"] == "providers_without_key"]
 
 
 async def test_v1_search_answers_other_methods_with_405(aiohttp_server, start_proxy):

@@ -101,7 +101,7 @@ async def test_the_status_document_reports_routes_endpoints_and_providers(
     providers = {p["name"]: (p["state"], p["why"]) for p in body["providers"]}
     assert providers["tavily"][0] == "skipped" and "circuit open" in providers["tavily"][1]
     assert providers["brave"] == ("ready", None)
-    assert providers["exa"] == ("skipped", "no API key configured (its x-api-key header is empty)")
+    assert providers["exa"] == ("skipped", "no API key: EXA_KEY is not set")  # what to export
     assert body["redis"] == "not configured" and body["version"]
     assert body["errors"][0]["route"] == "tavily"
 

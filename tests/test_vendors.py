@@ -43,7 +43,7 @@ from policies.vendors import BUILTIN
 from proxy.clients import presented
 from proxy.config import parse_config
 from proxy.dialects import error_body
-from testkit.fakevendor.vendors import VENDORS, error_payload
+from proxy.testing.fakevendor.vendors import VENDORS, error_payload
 from tests.test_search_options import VALUES  # candidate values of each option
 
 NOW = datetime(2024, 5, 10, 15, 0, tzinfo=UTC)

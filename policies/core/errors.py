@@ -18,6 +18,9 @@ from typing import Any, ClassVar
 
 from policies.core.outcome import Outcome
 
+# The shortest wait an agent is told to make: "retry in 0ms" or `Retry-After: 0` is no advice.
+MIN_RETRY_S = 1.0
+
 
 class ProxyError(Exception):
     """Base of every error answered by the proxy rather than by a vendor."""
@@ -61,10 +64,10 @@ class ProxyError(Exception):
         }
 
     def response_headers(self) -> dict[str, str]:
-        """Headers to send with the error; Retry-After in whole seconds when known."""
+        """Headers to send with the error; Retry-After in whole seconds when known, at least 1."""
         headers = dict(self.headers)
         if self.retry_after_s is not None and "Retry-After" not in headers:
-            headers["Retry-After"] = str(max(0, math.ceil(self.retry_after_s)))
+            headers["Retry-After"] = str(math.ceil(max(MIN_RETRY_S, self.retry_after_s)))
         return headers
 
 

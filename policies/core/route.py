@@ -68,6 +68,11 @@ class Timeouts:
 class HeaderRules:
     set: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
     remove: tuple[str, ...] = ()
+    # A `set` header -> the environment variable its value was read from (`${TAVILY_API_KEY:-}`),
+    # so that a key left empty can name what to export. Where a value came from, not config.
+    variables: Mapping[str, str] = field(
+        default_factory=lambda: MappingProxyType({}), compare=False
+    )
 
 
 @dataclass(frozen=True)

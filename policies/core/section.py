@@ -98,6 +98,8 @@ class Provider:
     missing_key: str | None
     # Seconds until its open circuit lets a probe through; None while it is not open.
     circuit_open: Callable[[], float | None]
+    # The environment variable the empty key header reads, when it reads one: what to export.
+    key_variable: str | None = None
 
 
 @dataclass
@@ -143,7 +145,7 @@ class Link(Generic[C]):
     """One place in the chain: the policy `build` makes from the route's `section` config (None:
     nothing at this place, e.g. a failover that belongs on the other side of the cache)."""
 
-    name: str  # the policy as the README's chain names it
+    name: str  # the policy as docs/request-flow.md's chain names it
     section: Section[C]
     build: Callable[[C, Build], Policy | None]
     # The config of a route that leaves the section out; None: the policy is left out too.

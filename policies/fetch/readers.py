@@ -19,6 +19,7 @@ from policies.core.outcome import TERMINAL_STATUSES
 from policies.core.section import Provider
 from policies.fetch.pages import Miss, canonical_url
 from policies.profiles import error_message
+from policies.providers import missing_key
 
 # Statuses that say the provider (its key, its plan) refused, not the page: 400, 422 and the
 # like are the page's (an address the vendor cannot read).
@@ -81,9 +82,7 @@ class RouteReader:
     def unavailable(self) -> Miss | None:
         p = self.provider
         if p.missing_key is not None:
-            why = f"has no API key configured (its {p.missing_key} header is empty: set the "
-            why += f"variable in routes.{p.name}.headers.set)"
-            return Miss(p.name, "unavailable", why, terminal=True)
+            return Miss(p.name, "unavailable", missing_key(p), terminal=True)
         wait = p.circuit_open()
         if wait is not None:
             why = f"circuit open (retry in {seconds_text(wait)})"

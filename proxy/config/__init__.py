@@ -17,7 +17,7 @@ from policies.core.settings import (
     parse_rate,
     parse_size,
 )
-from proxy.config.document import load_config, parse_config
+from proxy.config.document import InvalidConfig, load_config, parse_config
 from proxy.config.loading import (
     MAX_CONFIG_BYTES,
     MAX_DEPTH,
@@ -50,6 +50,7 @@ __all__ = [
     "ConfigError",
     "ConfigErrors",
     "HeaderRules",
+    "InvalidConfig",
     "LogConfig",
     "McpServerConfig",
     "RedisConfig",

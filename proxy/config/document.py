@@ -12,13 +12,13 @@ from types import MappingProxyType
 from typing import Any
 
 from policies import ratelimit, search
-from policies.core.route import RouteConfig
+from policies.core.route import HeaderRules, RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
 from policies.vendors.custom import parse_profile
 from proxy.config.fetch import FetchApiConfig, fetch_api_config, parse_fetch_api
-from proxy.config.loading import interpolate_into, read_document
-from proxy.config.routes import check_routes, parse_route, route_config
+from proxy.config.loading import DuplicateKeys, interpolate_into, read_document
+from proxy.config.routes import check_references, check_routes, parse_route, route_config
 from proxy.config.sections import (
     Config,
     LogConfig,
@@ -56,19 +56,41 @@ _SECTION_PARSERS: dict[str, Parser] = {
 }
 
 
+class InvalidConfig(ConfigErrors):
+    """Every mistake of a config that parsed as a document. `partial` holds what parsed (the
+    sections and routes without errors), for the checks made after parsing (start-up's tokens)
+    to report in the same run."""
+
+    def __init__(self, errors: list[ConfigError], partial: Config) -> None:
+        super().__init__(errors)
+        self.partial = partial
+
+
 def load_config(
     path: str | Path, env: Mapping[str, str] | None = None, data: bytes | None = None
 ) -> Config:
     """Read and validate a YAML file (its bytes `data` when already read); every failure is a
-    ConfigError."""
-    return parse_config(read_document(path, data), env)
+    ConfigError, and every mistake of a document YAML can read (repeated keys included) is
+    reported together, as InvalidConfig."""
+    try:
+        raw, repeated = read_document(path, data), []
+    except DuplicateKeys as exc:
+        raw, repeated = exc.document, list(exc.errors)
+    try:
+        config = parse_config(raw, env)
+    except InvalidConfig as exc:
+        raise InvalidConfig([*repeated, *exc.errors], exc.partial) from None
+    if repeated:
+        raise InvalidConfig(repeated, config)
+    return config
 
 
 def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
     """Validate a YAML document (already loaded) into a Config."""
     env = os.environ if env is None else env
     collect = Collector()
-    doc = interpolate_into(raw, env, "", collect)
+    sources: dict[str, tuple[str, ...]] = {}
+    doc = interpolate_into(raw, env, "", collect, sources)
     interpolated = len(collect.errors)
     unset = {error.path for error in collect.errors}
     data = collect.keys(doc, "", TOP_LEVEL_KEYS, required=("routes",))
@@ -94,12 +116,17 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         collect.add("routes", "expected a mapping of at least one route")
         routes_raw = {}
     routes: dict[str, RouteConfig] = {}
+    broken: dict[str, dict[str, Any]] = {}  # the parts that parsed of routes that did not
     seen: dict[str, str] = {}
     for name, body in routes_raw.items():
         before = len(collect.errors)
         parts = parse_route(name, body, f"routes.{name}", collect)
+        if "headers" in parts:
+            parts["headers"] = _with_variables(parts["headers"], f"routes.{name}", sources)
         if len(collect.errors) == before:
             routes[name] = route_config(name, parts)
+        else:
+            broken[name] = parts
         # Checked on the sections that parsed, even when the route's others did not.
         prefix, searching = parts.get("prefix"), parts.get(search.SECTION.key)
         if prefix in seen:
@@ -115,6 +142,7 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
                 f"unknown vendor {searching.vendor!r} (known: {', '.join(sorted(profiles))})",
             )
     collect.errors += check_routes(routes, routes_raw)
+    collect.errors += check_references(broken, routes, routes_raw)
 
     search_api = sections.get("search_api", SearchApiConfig())
     for i, provider in enumerate(search_api.providers):
@@ -154,14 +182,13 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
             written if isinstance(written, dict) else {},
             routes,
             profiles,
+            broken=routes_raw.keys() - routes.keys(),
         )
         collect.errors += problems
 
     # A value whose variable is unset is reported once, as unset, not also as malformed.
     found = [e for i, e in enumerate(collect.errors) if i < interpolated or e.path not in unset]
-    if found:
-        raise ConfigErrors(found)
-    return Config(
+    config = Config(
         routes=MappingProxyType(routes),
         server=sections.get("server", ServerConfig()),
         redis=sections.get("redis"),
@@ -172,3 +199,18 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         mcp_server=mcp_server,
         fetch_api=fetch_api,
     )
+    if found:
+        raise InvalidConfig(found, config)
+    return config
+
+
+def _with_variables(
+    headers: HeaderRules, route: str, sources: Mapping[str, tuple[str, ...]]
+) -> HeaderRules:
+    """`headers` knowing, for each value set from the environment, the variable it read."""
+    read = {
+        name: found[0]
+        for name in headers.set
+        if (found := sources.get(f"{route}.headers.set.{name}"))
+    }
+    return replace(headers, variables=MappingProxyType(read)) if read else headers

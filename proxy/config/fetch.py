@@ -4,7 +4,7 @@ provider a route whose vendor has an extract API, or `direct`)."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any
@@ -238,13 +238,17 @@ def fetch_api_config(
     given: Mapping[str, Any],
     routes: Mapping[str, RouteConfig],
     profiles: Mapping[str, VendorProfile],
+    broken: Collection[str] = (),
 ) -> tuple[FetchApiConfig, list[ConfigError]]:
     """`cfg` with its providers resolved (unset: every route whose vendor's extract API it
     reaches, in route order, then direct when enabled; [] turns /v1/fetch off), and what is
-    wrong next to the routes. `given`: the section's YAML (what was written, not defaulted)."""
+    wrong next to the routes. `given`: the section's YAML (what was written, not defaulted);
+    `broken`: routes with errors of their own, which naming here does not report again."""
     errors: list[ConfigError] = []
     for name, vendor in cfg.vendors.items():
         where = join("fetch_api.vendors", name)
+        if name in broken:
+            continue
         if name not in routes:
             errors.append(ConfigError(where, f"{name!r} is not a route"))
         elif vendor not in profiles or profiles[vendor].extract is None:
@@ -259,6 +263,8 @@ def fetch_api_config(
         return replace(cfg, providers=tuple(found)), errors
     for i, name in enumerate(cfg.providers):
         where = f"fetch_api.providers[{i}]"
+        if name in broken:
+            continue
         problem = _provider_problem(name, cfg, routes, profiles)
         if problem is not None:
             errors.append(ConfigError(where, problem))

@@ -21,6 +21,15 @@ MAX_DEPTH = 64
 MAX_VALUES = 100_000
 
 
+class DuplicateKeys(ConfigErrors):
+    """Keys repeated in their mapping. `document` is the file as YAML reads it (the last of
+    each repeated key wins), so the rest of the config can be checked in the same run."""
+
+    def __init__(self, errors: list[ConfigError], document: Any) -> None:
+        super().__init__(errors)
+        self.document = document
+
+
 class _Refused(yaml.MarkedYAMLError):
     """A document PyYAML would read, refused because reading it further would exhaust us."""
 
@@ -65,13 +74,28 @@ def interpolate(node: Any, env: Mapping[str, str], path: str = "") -> Any:
     return done
 
 
-def interpolate_into(node: Any, env: Mapping[str, str], path: str, collect: Collector) -> Any:
-    """`interpolate`, recording each missing variable and leaving its `${VAR}` in place."""
+def interpolate_into(
+    node: Any,
+    env: Mapping[str, str],
+    path: str,
+    collect: Collector,
+    sources: dict[str, tuple[str, ...]] | None = None,
+) -> Any:
+    """`interpolate`, recording each missing variable and leaving its `${VAR}` in place. With
+    `sources`, the variables each interpolated string read are recorded by its YAML path: once
+    replaced, only they can say which variable to export for a value that came out empty."""
     if isinstance(node, dict):
-        return {k: interpolate_into(v, env, join(path, str(k)), collect) for k, v in node.items()}
+        return {
+            k: interpolate_into(v, env, join(path, str(k)), collect, sources)
+            for k, v in node.items()
+        }
     if isinstance(node, list):
-        return [interpolate_into(v, env, f"{path}[{i}]", collect) for i, v in enumerate(node)]
+        return [
+            interpolate_into(v, env, f"{path}[{i}]", collect, sources) for i, v in enumerate(node)
+        ]
     if isinstance(node, str) and "${" in node:
+        if sources is not None:
+            sources[path] = tuple(m.group(1) for m in _ENV.finditer(node))
 
         def sub(m: re.Match[str]) -> str:
             name, default = m.group(1), m.group(2)
@@ -100,8 +124,9 @@ def read_config_file(path: str | Path) -> bytes:
 
 def read_document(path: str | Path, data: bytes | None = None) -> Any:
     """The YAML document in file `path` (whose bytes are `data` when already read). A file
-    that cannot be read, is not UTF-8, is not YAML, repeats a key, or is too big, deep or
-    alias-expanded to handle is a ConfigError."""
+    that cannot be read, is not UTF-8, is not YAML, or is too big, deep or alias-expanded to
+    handle is a ConfigError; one that repeats a key is DuplicateKeys, which carries the document
+    all the same."""
     if data is None:
         data = read_config_file(path)
     try:
@@ -118,9 +143,10 @@ def read_document(path: str | Path, data: bytes | None = None) -> Any:
             if node is None:
                 return None
             duplicates = _duplicate_keys(loader, node)
+            document = loader.construct_document(node)
             if duplicates:
-                raise ConfigErrors(duplicates)
-            return loader.construct_document(node)
+                raise DuplicateKeys(duplicates, document)
+            return document
         finally:
             loader.dispose()
     except yaml.YAMLError as exc:

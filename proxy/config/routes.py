@@ -4,7 +4,7 @@ its own module (policies/chain.py lists them), and what routes say of one anothe
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from types import MappingProxyType
 from typing import Any
 from urllib.parse import urlsplit
@@ -140,8 +140,8 @@ def check_routes(routes: Mapping[str, RouteConfig], named: Mapping[Any, Any]) ->
     """What is wrong with each route next to its own sections and to the other routes: each
     section's own checks, then the routes it names as providers (they must exist and search).
     Fallbacks may name each other: failover is one level deep (policies/failover.py). `named`
-    is every route the document names, parsed or not: a broken
-    route has its own errors and is not reported again by those that name it."""
+    is every route the document names, parsed or not: a broken route has its own errors and is
+    not reported again by those that name it."""
     errors: list[ConfigError] = []
     sections = chain.sections()
     for name, route in routes.items():
@@ -152,14 +152,45 @@ def check_routes(routes: Mapping[str, RouteConfig], named: Mapping[Any, Any]) ->
             errors += problems
             if problems:
                 continue  # a section its route refuses is not followed further
-            for sub, other in section.refers(cfg):
-                if other not in routes and other in named:
-                    continue  # that route's own errors are reported
-                if other == name or other not in routes or not routes[other].has(SEARCH):
-                    errors.append(
-                        ConfigError(
-                            join(where, sub),
-                            f"{other!r} is not another route with a search section",
-                        )
-                    )
+            errors += _references(name, where, section.refers(cfg), routes, named)
+    return errors
+
+
+def check_references(
+    broken: Mapping[str, Mapping[str, Any]],
+    routes: Mapping[str, RouteConfig],
+    named: Mapping[Any, Any],
+) -> list[ConfigError]:
+    """The routes named by the sections that parsed of routes that did not (`broken`: each
+    one's parsed parts): a fallback to a route that does not exist is reported in the same run
+    as the field error beside it."""
+    sections = chain.sections()
+    errors: list[ConfigError] = []
+    for name, parts in broken.items():
+        for key, cfg in parts.items():
+            if key in sections:
+                where = f"routes.{name}.{key}"
+                errors += _references(name, where, sections[key].refers(cfg), routes, named)
+    return errors
+
+
+def _references(
+    name: Any,
+    where: str,
+    refers: Iterable[tuple[str, str]],
+    routes: Mapping[str, RouteConfig],
+    named: Mapping[Any, Any],
+) -> list[ConfigError]:
+    """What is wrong with the routes a section of route `name` names (`refers`: each with its
+    path under the section): each must be another route with a search section."""
+    errors = []
+    for sub, other in refers:
+        if other not in routes and other in named:
+            continue  # that route's own errors are reported
+        if other == name or other not in routes or not routes[other].has(SEARCH):
+            errors.append(
+                ConfigError(
+                    join(where, sub), f"{other!r} is not another route with a search section"
+                )
+            )
     return errors

@@ -102,6 +102,7 @@ def route_document(route: RouteConfig) -> dict[str, Any]:
     """A route as YAML: its own keys, then each section in the form its policy writes."""
     doc: dict[str, Any] = plain(route)
     del doc["name"], doc["sections"]  # the key of the route's mapping; written below
+    del doc["headers"]["variables"]  # where values came from, not a key of the file
     sections = chain.sections()
     for key, cfg in route.sections.items():
         doc[key] = sections[key].document(cfg)

@@ -368,25 +368,51 @@ async def test_redis_url_the_client_refuses_is_a_config_error() -> None:
 
 
 @pytest.mark.unit
+def test_a_document_yaml_cannot_read_is_one_config_error(tmp_path: Path) -> None:
+    f = tmp_path / "c.yaml"
+    f.write_text("x: !!timestamp 2024-02-30\n")
+    with pytest.raises(ConfigError) as info:
+        load_config(f, env={})
+    assert "is not valid YAML: day is out of range for month" in str(info.value)
+    assert "\n" not in str(info.value)
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
-    ("text", "message"),
+    ("text", "errors"),
     [
         (
             "routes:\n  a: {prefix: /a, prefix: /b}\n",
-            "routes.a.prefix: duplicate key (first at line 2)",
+            [
+                "routes.a.prefix: duplicate key (first at line 2)",
+                "routes.a.upstream: required key is missing",
+            ],
         ),
-        ("server: {}\nserver: {}\nroutes: {}\n", "server: duplicate key (first at line 1)"),
-        ("routes:\n  1: x\n  true: y\n", "routes.True: duplicate key (first at line 2)"),
-        ("x: !!timestamp 2024-02-30\n", "is not valid YAML: day is out of range for month"),
+        (
+            "server: {}\nserver: {}\nroutes: {}\n",
+            [
+                "server: duplicate key (first at line 1)",
+                "routes: expected a mapping of at least one route",
+            ],
+        ),
+        (
+            "routes:\n  1: x\n  true: y\n",
+            [
+                "routes.True: duplicate key (first at line 2)",
+                'routes.1: a route name must be a string: quote it, as in "1":',
+            ],
+        ),
     ],
 )
-def test_document_problems_are_one_config_error(tmp_path: Path, text: str, message: str) -> None:
+def test_a_repeated_key_is_reported_with_the_rest_of_the_document(
+    tmp_path: Path, text: str, errors: list[str]
+) -> None:
+    """YAML keeps the last of a repeated key; the document is still checked as YAML read it."""
     f = tmp_path / "c.yaml"
     f.write_text(text)
-    with pytest.raises(ConfigError) as info:
+    with pytest.raises(ConfigErrors) as info:
         load_config(f, env={})
-    assert message in str(info.value)
-    assert "\n" not in str(info.value)
+    assert [str(e) for e in info.value.errors][: len(errors)] == errors
 
 
 @pytest.mark.unit

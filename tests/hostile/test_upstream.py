@@ -340,7 +340,7 @@ async def test_a_streamed_answer_past_the_limit_is_cut_and_the_upstream_closed(
     [
         (
             {"upstream_connections_per_host": 2},
-            "all 2 connections to 127.0.0.1 are busy (waited 200ms for one); raise "
+            "all 2 connections to its upstream host are busy (waited 200ms for one); raise "
             "server.upstream_connections_per_host or retry in 1s",
         ),
         (

@@ -1,5 +1,5 @@
-"""The fake vendor itself: its state, the switches a test flips (script, modes, stream gate),
-and the aiohttp application that answers as the vendor would."""
+"""The fake vendor itself: its state, its record and stream gate, and the aiohttp application
+that answers as the vendor would (the switches a test flips are `modes`)."""
 
 from __future__ import annotations
 
@@ -8,26 +8,25 @@ import base64
 import contextlib
 import gzip
 import json
-import math
-import random
 import socket
 import struct
 import time
 import zlib
-from collections import Counter, deque
-from collections.abc import Callable, Mapping
-from typing import Any, Protocol
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from testkit.fakevendor.faults import Fault, Pause, Received
-from testkit.fakevendor.pages import extract_answer
-from testkit.fakevendor.serve import FakeVendorServer, ThreadedFakeVendor
-from testkit.fakevendor.vendors import (
+from proxy.testing.fakevendor.faults import Fault, Pause, Received
+from proxy.testing.fakevendor.mcp import mcp_messages
+from proxy.testing.fakevendor.modes import Clock, Modes, RealClock
+from proxy.testing.fakevendor.pages import extract_answer
+from proxy.testing.fakevendor.serve import FakeVendorServer, ThreadedFakeVendor
+from proxy.testing.fakevendor.vendors import (
     BUILDERS,
     COUNT_PARAM,
-    VENDORS,
     drop_results,
     error_payload,
     int_or_none,
@@ -42,27 +41,7 @@ _CLOSING: web.AppKey[asyncio.Event] = web.AppKey("fakevendor_closing", asyncio.E
 _JSON = "application/json"
 
 
-class Clock(Protocol):
-    """What the fake needs of time (a policies ``ManualClock`` has both)."""
-
-    def now(self) -> float:
-        """Monotonic seconds."""
-        ...
-
-    async def sleep(self, seconds: float) -> None: ...
-
-
-class RealClock:
-    """The monotonic clock and real sleeps."""
-
-    def now(self) -> float:
-        return time.monotonic()
-
-    async def sleep(self, seconds: float) -> None:
-        await asyncio.sleep(seconds)
-
-
-class FakeVendor:
+class FakeVendor(Modes):
     """State and controls of the fake; ``make_app()`` builds the application serving it.
 
     ``clock`` gives the time stamped on each request, the time its rate windows slide on and
@@ -97,119 +76,6 @@ class FakeVendor:
         self._gated = False
         self._sessions = 0
         self._clear_modes()
-
-    # ----------------------------------------------------------------- script / modes
-
-    def _clear_modes(self) -> None:
-        self._script: deque[tuple[Fault, str | None]] = deque()
-        self._default = Fault.ok()
-        self._rng = random.Random(self.seed)
-        self._fail: tuple[float, Fault] | None = None
-        self._hang_ratio: tuple[float, float] | None = None
-        self._malformed_ratio = 0.0
-        self._empty_words: int | None = None
-        self._down: Fault | None = None
-        self._down_paths: dict[str, Fault] = {}
-        self._failing_pages: dict[str, frozenset[str] | None] = {}
-        self._rate: int | None = None
-        self._rate_window: deque[float] = deque()
-        self._latency = (0.0, 0.0, 0.0)
-        self._gzip_accepted = False
-        self._brave: tuple[int, int, int] | None = None
-        self._brave_window: deque[float] = deque()
-        self._brave_month_used = 0
-
-    def script(self, *faults: Fault, path_prefix: str | None = None) -> FakeVendor:
-        """Queue faults for the next requests (FIFO). With ``path_prefix`` a fault is only
-        taken by a request whose path starts with it; other requests skip over it."""
-        for f in faults:
-            self._script.append((f, path_prefix))
-        return self
-
-    @property
-    def pending(self) -> int:
-        """Scripted faults not yet used."""
-        return len(self._script)
-
-    def set_default(self, fault: Fault) -> FakeVendor:
-        """What to answer when neither script nor a mode decides (initially ``Fault.ok()``)."""
-        self._default = fault
-        return self
-
-    def fail_ratio(
-        self,
-        ratio: float,
-        status: int = 503,
-        body: Any = None,
-        headers: Mapping[str, str] | None = None,
-    ) -> FakeVendor:
-        """Answer ``status`` to a seeded-random ``ratio`` of requests."""
-        self._fail = (ratio, Fault.status(status, body, headers)) if ratio > 0 else None
-        return self
-
-    def hang_ratio(self, ratio: float, seconds: float = 20.0) -> FakeVendor:
-        """Hang ``seconds`` on a seeded-random ``ratio`` of requests."""
-        self._hang_ratio = (ratio, seconds) if ratio > 0 else None
-        return self
-
-    def malformed_ratio(self, ratio: float) -> FakeVendor:
-        """Truncated JSON on a seeded-random ``ratio`` of requests."""
-        self._malformed_ratio = ratio
-        return self
-
-    def empty_when_words_over(self, words: int | None) -> FakeVendor:
-        """Vendor-correct empty answer for queries of more than ``words`` words."""
-        self._empty_words = words
-        return self
-
-    def down(self, status: int = 503, path_prefix: str | None = None) -> FakeVendor:
-        """Every request (with ``path_prefix``: every one whose path starts with it) gets
-        ``status`` until ``up()``."""
-        if path_prefix is None:
-            self._down = Fault.status(status)
-        else:
-            self._down_paths[path_prefix] = Fault.status(status)
-        return self
-
-    def up(self) -> FakeVendor:
-        self._down = None
-        self._down_paths.clear()
-        return self
-
-    def fail_page(self, url: str, *vendors: str) -> FakeVendor:
-        """The extract APIs of ``vendors`` (all, when none is named) cannot read ``url``: each
-        says so in its own shape (pages.py), the other URLs of a batch still read."""
-        self._failing_pages[url] = frozenset(vendors) if vendors else None
-        return self
-
-    def rate_limit(self, per_second: int | None) -> FakeVendor:
-        """Sliding 1 s window over admitted requests; beyond ``per_second`` answer 429 with
-        Retry-After. ``None`` switches it off."""
-        self._rate = per_second
-        self._rate_window.clear()
-        return self
-
-    def latency(self, seconds: float, jitter: float = 0.0, *, sigma: float = 0.0) -> FakeVendor:
-        """Delay every answer by ``seconds`` +- a seeded-random ``jitter``. With ``sigma`` the
-        delay is lognormal instead: median ``seconds``, ``sigma`` the spread of its logarithm
-        (0.7: the p99 is about 5x the median, the long tail search vendors have)."""
-        self._latency = (seconds, jitter, sigma)
-        return self
-
-    def gzip_when_accepted(self, enabled: bool = True) -> FakeVendor:
-        """gzip JSON answers whenever the request's Accept-Encoding allows it."""
-        self._gzip_accepted = enabled
-        return self
-
-    def brave_rate_limits(
-        self, per_second: int = 1, per_month: int = 2000, month_reset: int = 1_000_000
-    ) -> FakeVendor:
-        """Brave answers carry X-RateLimit-Limit/-Policy/-Remaining/-Reset ("<second>, <month>")
-        and 429 RATE_LIMITED once either window is exhausted (only 200s use the month)."""
-        self._brave = (per_second, per_month, month_reset)
-        self._brave_window.clear()
-        self._brave_month_used = 0
-        return self
 
     def reset(self) -> None:
         """Forget script, record, modes and stream gate (seeded RNG restarts)."""
@@ -406,55 +272,6 @@ class FakeVendor:
             self.requests.append(rec)
         return rec
 
-    def _take_scripted(self, path: str) -> Fault | None:
-        for i, (fault, prefix) in enumerate(self._script):
-            if prefix is None or path.startswith(prefix):
-                del self._script[i]
-                return fault
-        return None
-
-    def _decide(self, rec: Received) -> Fault:
-        scripted = self._take_scripted(rec.path)
-        if scripted is not None:
-            return scripted
-        if self._down is not None:
-            return self._down
-        for prefix, fault in self._down_paths.items():
-            if rec.path.startswith(prefix):
-                return fault
-        now = self.clock.now()
-        if self._rate is not None:
-            window = self._rate_window
-            while window and window[0] <= now - 1.0:
-                window.popleft()
-            if len(window) >= self._rate:
-                wait = max(1, math.ceil(window[0] + 1.0 - now))
-                return Fault.status(
-                    429,
-                    headers={"X-RateLimit-Limit": str(self._rate), "X-RateLimit-Remaining": "0"},
-                    retry_after=wait,
-                )
-            window.append(now)
-        if rec.vendor == "brave" and self._brave is not None:
-            per_second, per_month, _ = self._brave
-            window = self._brave_window
-            while window and window[0] <= now - 1.0:
-                window.popleft()
-            if len(window) >= per_second or self._brave_month_used >= per_month:
-                return Fault.status(429, retry_after=1)
-            window.append(now)
-        if self._fail is not None and self._rng.random() < self._fail[0]:
-            return self._fail[1]
-        if self._hang_ratio is not None and self._rng.random() < self._hang_ratio[0]:
-            return Fault.hang(self._hang_ratio[1])
-        if self._malformed_ratio > 0 and self._rng.random() < self._malformed_ratio:
-            return Fault.malformed()
-        if self._empty_words is not None and rec.vendor in VENDORS:
-            query = query_of(rec)
-            if query is not None and len(query.split()) > self._empty_words:
-                return Fault.empty()
-        return self._default
-
     async def _pause(self, request: web.Request, cause: str, seconds: float) -> bool:
         """Sleep on the clock; False if the server started shutting down meanwhile."""
         if seconds <= 0:
@@ -475,14 +292,6 @@ class FakeVendor:
             shutdown.cancel()
         pause.ended = "shutdown" if closing.is_set() else "slept"
         return not closing.is_set()
-
-    def _latency_now(self) -> float:
-        base, jitter, sigma = self._latency
-        if sigma:
-            return base * math.exp(sigma * self._rng.gauss(0.0, 1.0))
-        if jitter:
-            base += self._rng.uniform(-jitter, jitter)
-        return max(0.0, base)
 
     async def _prelude(
         self, request: web.Request, rec: Received, fault: Fault
@@ -725,7 +534,7 @@ class FakeVendor:
         if msg["method"] == "initialize":
             self._sessions += 1
             headers["Mcp-Session-Id"] = f"fake-session-{self._sessions}"
-        messages = _mcp_messages(msg, self)
+        messages = mcp_messages(msg, self.results)
         accept = request.headers.get("Accept", "")
         if "text/event-stream" not in accept and "application/json" in accept:
             return self._respond(request, rec, fault, 200, messages[-1], headers)
@@ -764,49 +573,6 @@ class FakeVendor:
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _mcp_messages(msg: dict[str, Any], vendor: FakeVendor) -> list[dict[str, Any]]:
-    """JSON-RPC messages answering one MCP request: progress notifications, then the result."""
-    rid = msg.get("id")
-    method = msg.get("method")
-    params = msg.get("params") or {}
-    out: list[dict[str, Any]] = []
-    if method == "initialize":
-        result: dict[str, Any] = {
-            "protocolVersion": params.get("protocolVersion", "2025-06-18"),
-            "capabilities": {"tools": {"listChanged": False}},
-            "serverInfo": {"name": "fakevendor", "version": "1.0"},
-        }
-    elif method == "ping":
-        result = {}
-    elif method == "tools/list":
-        schema = {
-            "type": "object",
-            "properties": {"query": {"type": "string"}, "max_results": {"type": "integer"}},
-            "required": ["query"],
-        }
-        tool = {"name": "search", "description": "Fake web search", "inputSchema": schema}
-        result = {"tools": [tool]}
-    elif method == "tools/call" and params.get("name") == "search":
-        args = params.get("arguments") or {}
-        query = str(args.get("query", ""))
-        n = int_or_none(args.get("max_results"))
-        n = vendor.results if n is None else max(0, min(n, vendor.results))
-        token = (params.get("_meta") or {}).get("progressToken")
-        if token is not None:
-            progress = {"progressToken": token, "progress": 1, "total": 2}
-            out.append({"jsonrpc": "2.0", "method": "notifications/progress", "params": progress})
-        items = [
-            {"url": r.url, "title": r.title, "content": r.snippet} for r in make_results(query, n)
-        ]
-        result = {"content": [{"type": "text", "text": json.dumps(items)}], "isError": False}
-    else:
-        error = {"code": -32601, "message": f"Method not found: {method}"}
-        out.append({"jsonrpc": "2.0", "id": rid, "error": error})
-        return out
-    out.append({"jsonrpc": "2.0", "id": rid, "result": result})
-    return out
 
 
 def _abort(request: web.Request) -> web.Response:

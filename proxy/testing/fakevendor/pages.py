@@ -14,11 +14,11 @@ jina-reader    POST /jina-reader/                            data.content / 422 
 
 from __future__ import annotations
 
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from testkit.fakevendor.vendors import slugify
+from proxy.testing.fakevendor.vendors import slugify
 
 EXTRACT_VENDORS = ("tavily", "exa", "firecrawl", "jina-reader")
 
@@ -106,7 +106,7 @@ READERS: dict[str, Callable[[Any, Fails], tuple[int, Any]]] = {
 
 
 def extract_answer(
-    vendor: str, body: Any, failing: dict[str, Collection[str] | None]
+    vendor: str, body: Any, failing: Mapping[str, Collection[str] | None]
 ) -> tuple[int, Any]:
     """`vendor`'s answer to an extract request; `failing`: URL -> the vendors failing on it
     (None: all of them)."""

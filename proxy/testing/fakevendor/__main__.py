@@ -1,4 +1,4 @@
-"""``python -m testkit.fakevendor [--port 0] [MODES]``: serve the fake vendor until SIGTERM or
+"""``python -m proxy.testing.fakevendor [--port 0] [MODES]``: serve the fake vendor until SIGTERM or
 SIGINT, after printing its port on the first line of stdout."""
 
 from __future__ import annotations
@@ -8,12 +8,12 @@ import asyncio
 import contextlib
 import signal
 
-from testkit.fakevendor.app import FakeVendor
+from proxy.testing.fakevendor.app import FakeVendor
 
 
 def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
-        prog="python -m testkit.fakevendor",
+        prog="python -m proxy.testing.fakevendor",
         description="Fake search vendor (prints its port when ready).",
     )
     p.add_argument("--host", default="127.0.0.1")
@@ -68,7 +68,7 @@ async def _serve_forever(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``python -m testkit.fakevendor``."""
+    """Entry point of ``python -m proxy.testing.fakevendor``."""
     asyncio.run(_serve_forever(_parse_args(argv)))
 
 

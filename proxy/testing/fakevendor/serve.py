@@ -1,21 +1,17 @@
-"""Ways to run the fake vendor: in the running loop, from a thread with its own loop, or as a
-child process (``python -m testkit.fakevendor``)."""
+"""Ways to run the fake vendor: in the running loop, or from a thread with its own loop (as a
+child process: ``python -m proxy.testing.fakevendor``)."""
 
 from __future__ import annotations
 
 import asyncio
-import sys
 import threading
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from aiohttp import web
 
-from testkit.procs import Child
-
 if TYPE_CHECKING:
-    from testkit.fakevendor.app import FakeVendor
+    from proxy.testing.fakevendor.app import FakeVendor
 
 
 class FakeVendorServer:
@@ -115,45 +111,6 @@ class ThreadedFakeVendor:
 
     def __enter__(self) -> ThreadedFakeVendor:
         return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stop()
-
-
-class FakeVendorProcess:
-    """``python -m testkit.fakevendor ARGS`` in a child process; ``with`` starts and stops it.
-
-    ``wrapper`` goes in front of the command (e.g. ``taskset -c 1``).
-    """
-
-    def __init__(
-        self, *args: str, host: str = "127.0.0.1", port: int = 0, wrapper: Sequence[str] = ()
-    ) -> None:
-        self.args = list(args)
-        self.host = host
-        self.port = port
-        self.wrapper = list(wrapper)
-        self.child: Child | None = None
-
-    def start(self, timeout: float = 20.0) -> FakeVendorProcess:
-        """Start it and read the port it prints; StartError if it does not come up."""
-        argv = [*self.wrapper, sys.executable, "-m", "testkit.fakevendor", "--host", self.host]
-        argv += ["--port", str(self.port), *self.args]
-        self.child = Child("fakevendor", argv, pipe_stdout=True)
-        self.port = self.child.read_port(timeout)
-        return self
-
-    @property
-    def url(self) -> str:
-        return f"http://{self.host}:{self.port}"
-
-    def stop(self) -> None:
-        """SIGTERM, then SIGKILL after 5 s; idempotent."""
-        if self.child is not None:
-            self.child.stop()
-
-    def __enter__(self) -> FakeVendorProcess:
-        return self.start() if self.child is None else self
 
     def __exit__(self, *exc: object) -> None:
         self.stop()

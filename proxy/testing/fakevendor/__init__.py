@@ -1,9 +1,11 @@
 """A fake web-search vendor: one real aiohttp application that stands in for every vendor.
 
 Tests start it on loopback (``aiohttp_server(vendor.make_app())``, ``await vendor.start()``,
-``vendor.start_in_thread()``) or as a separate process (``python -m testkit.fakevendor --port 0``,
-or ``FakeVendorProcess``; bench does that), point the proxy's routes at it and assert on what it
-received (``vendor.requests``) and how long it waited (``vendor.pauses``).
+``vendor.start_in_thread()``) or as a separate process (``python -m proxy.testing.fakevendor
+--port 0``, or testkit's ``FakeVendorProcess``; bench does that), point the proxy's routes at it
+and assert on what it received (``vendor.requests``) and how long it waited (``vendor.pauses``).
+It imports nothing of the proxy (an import contract): a fake built from the proxy's own vendor
+records would agree with the proxy by construction.
 
 Routes (every vendor is served under ``/<vendor>/...`` and, where paths do not clash, bare):
 
@@ -52,15 +54,18 @@ fault (FIFO, ``vendor.script(...)``), else by the probabilistic modes in this or
 ``empty_when_words_over``; else by the default fault (``Fault.ok()`` unless ``set_default``).
 
 Modules: ``vendors`` (results, each vendor's bodies, which vendor a request is for), ``faults``
-(``Fault``, ``Received``, ``Pause``), ``app`` (``FakeVendor``: state, switches, handlers),
-``serve`` (server, thread, child process) and ``__main__`` (the command line).
+(``Fault``, ``Received``, ``Pause``), ``modes`` (the switches and the decision they make, the
+clock), ``app`` (``FakeVendor``: state, record, handlers), ``mcp`` (its MCP server's answers),
+``pages`` (the extract APIs' answers), ``serve`` (server, thread) and ``__main__`` (the command
+line).
 """
 
-from testkit.fakevendor.app import Clock, FakeVendor, RealClock
-from testkit.fakevendor.faults import Fault, Pause, Received
-from testkit.fakevendor.pages import EXTRACT_VENDORS, FakePage, make_page
-from testkit.fakevendor.serve import FakeVendorProcess, FakeVendorServer, ThreadedFakeVendor
-from testkit.fakevendor.vendors import (
+from proxy.testing.fakevendor.app import FakeVendor
+from proxy.testing.fakevendor.faults import Fault, Pause, Received
+from proxy.testing.fakevendor.modes import Clock, RealClock
+from proxy.testing.fakevendor.pages import EXTRACT_VENDORS, FakePage, make_page
+from proxy.testing.fakevendor.serve import FakeVendorServer, ThreadedFakeVendor
+from proxy.testing.fakevendor.vendors import (
     VENDORS,
     FakeResult,
     expected_urls,
@@ -75,7 +80,6 @@ __all__ = [
     "FakePage",
     "FakeResult",
     "FakeVendor",
-    "FakeVendorProcess",
     "FakeVendorServer",
     "Fault",
     "Pause",

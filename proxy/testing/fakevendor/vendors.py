@@ -14,7 +14,7 @@ from urllib.parse import parse_qsl, quote
 
 from aiohttp import web
 
-from testkit.fakevendor.faults import Received
+from proxy.testing.fakevendor.faults import Received
 
 VENDORS: tuple[str, ...] = (
     "tavily",
