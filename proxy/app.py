@@ -35,6 +35,7 @@ from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.forward import request_headers
 from proxy.generation import build_generation
+from proxy.keys import injected_key, one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.oauth import is_oauth_path, oauth_answer
@@ -113,10 +114,11 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         raise
     ex.name, ex.route = route.name, route
     ex.count_as(route.metrics)
-    caller = None
-    if state.clients is not None:  # before anything is read, counted or sent
-        caller = await state.clients.admit(route.profile, request.headers, target.query_string)
+    profile = route.profile
     body = await read_body(request, state.config.server.max_body_bytes, route.name)
+    caller = None
+    if state.clients is not None:  # before anything is counted or sent
+        caller = await state.clients.admit(profile, request.headers, target.query_string, body)
     flow = ex.flow = Flow.new(
         route=route.name,
         method=request.method,
@@ -146,6 +148,9 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     )
     if caller is not None:  # the client token never reaches the vendor
         flow = ex.flow = flow.with_request(caller.scrub(flow.request))
+    if profile is not None and profile.key_fields:  # nor the agent's key beside the route's
+        key = injected_key(profile, route.set_headers)
+        flow = ex.flow = flow.with_request(one_key(profile, key, flow.request))
     ex.fields = lambda: _route_fields(flow)
     # An MCP tool call may run for minutes before its answer begins: stop it, and its
     # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).

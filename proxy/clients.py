@@ -1,8 +1,9 @@
 """Known clients (`clients:`): who is calling, by its token, and whether its day has room left.
 
 An agent sends its client token where its SDK sends the vendor's API key (the route profile's
-credential slot: `Authorization: Bearer`, `x-api-key`, `X-Subscription-Token`, `api_key=`), or
-as `Authorization: Bearer <token>` on any route and on /v1/search. The proxy recognises it,
+credential slot: `Authorization: Bearer`, `x-api-key`, `X-Subscription-Token`, `api_key=`, and
+the JSON body fields it reads one from, Tavily's `api_key`), or as `Authorization: Bearer
+<token>` on any route and on /v1/search. The proxy recognises it,
 scrubs it from the request and sends the route's own key (`headers.set`), so an agent's config
 holds no vendor key. Without a known token a request is refused (401) before any vendor call,
 any rate-limit bucket or any quota count.
@@ -25,6 +26,7 @@ from policies.profiles import CredentialSlot, VendorProfile, credential_slot
 from policies.quota import DailyQuota
 from proxy.config import ClientConfig, ConfigError, ConfigErrors
 from proxy.errors import Unauthorized
+from proxy.keys import body_keys, with_body_key
 from proxy.metrics import Metrics
 from proxy.pipeline import Route
 
@@ -177,10 +179,13 @@ class Caller:
     name: str
     headers: tuple[tuple[str, str], ...] = ()  # (header, the exact value that carried it)
     params: tuple[tuple[str, str], ...] = ()  # (query parameter, its decoded value)
+    fields: tuple[str, ...] = ()  # top-level JSON body fields that carried it
 
     def scrub(self, request: Request) -> Request:
         """The outbound request without the token. A value the route set since (its own key
         in the same header) differs from what the agent sent, and stays."""
+        if self.fields:
+            request = replace(request, body=with_body_key(request.body, self.fields, None))
         for name, value in self.headers:
             values = request.headers.getall(name, [])
             if value in values:
@@ -222,11 +227,15 @@ class ClientGate:
             raise ConfigErrors(errors)
 
     def identify(
-        self, profile: VendorProfile | None, headers: CIMultiDictProxy[str], query_string: str
+        self,
+        profile: VendorProfile | None,
+        headers: CIMultiDictProxy[str],
+        query_string: str,
+        body: bytes = b"",
     ) -> Caller:
-        """The caller whose token the request carries (in `profile`'s credential slot or as a
-        bearer token); Unauthorized without one. Every place that carried a known token is
-        recorded, to be scrubbed."""
+        """The caller whose token the request carries (in `profile`'s credential slot, its
+        body's key fields, or as a bearer token); Unauthorized without one. Every place that
+        carried a known token is recorded, to be scrubbed."""
         slot = credential_slot(profile) if profile is not None else None
         name: str | None = None
         carrying_headers: list[tuple[str, str]] = []
@@ -238,6 +247,13 @@ class ClientGate:
             name = name or known
             carrying = carrying_headers if where.kind == "header" else carrying_params
             carrying.append((where.name, value))
+        fields = profile.key_fields if profile is not None else ()
+        carrying_fields = []
+        for field_name, token in body_keys(body, fields).items():
+            known = self._by_digest.get(_digest(token))
+            if known is not None:
+                name = name or known
+                carrying_fields.append(field_name)
         if name is None:
             self.metrics.clients_refused.labels("unknown_token").inc()
             raise Unauthorized(
@@ -246,14 +262,18 @@ class ClientGate:
                 f"({_where_text(slot)})",
                 headers=CHALLENGE,
             )
-        return Caller(name, tuple(carrying_headers), tuple(carrying_params))
+        return Caller(name, tuple(carrying_headers), tuple(carrying_params), tuple(carrying_fields))
 
     async def admit(
-        self, profile: VendorProfile | None, headers: CIMultiDictProxy[str], query_string: str
+        self,
+        profile: VendorProfile | None,
+        headers: CIMultiDictProxy[str],
+        query_string: str,
+        body: bytes = b"",
     ) -> Caller:
         """`identify`, then count the request against the caller's daily quota (QuotaExceeded
         past it, with the time until the day ends)."""
-        caller = self.identify(profile, headers, query_string)
+        caller = self.identify(profile, headers, query_string, body)
         await self.spend(caller.name)
         return caller
 

@@ -24,6 +24,7 @@ from aiohttp.typedefs import Handler
 from policies.core.errors import ProxyError, StreamCut
 from policies.core.flow import Flow, Reply
 from proxy.dialects import error_response
+from proxy.echo import EchoGuard
 from proxy.errors import RequestTimeout, ShuttingDown
 from proxy.guard import cut_reason
 from proxy.metrics import RouteMetrics
@@ -131,6 +132,8 @@ def enveloped(endpoint: Endpoint, name: str | None = None) -> Handler:
             response = await endpoint(request, ex)
             if not ex.answering:
                 ex.status = response.status
+            if isinstance(response, web.Response) and not response.prepared:
+                _withhold(state.echo, response, ex.name)
         except ProxyError as err:
             ex.status = err.status
             response = error_answer(err, ex)
@@ -184,6 +187,15 @@ def enveloped(endpoint: Endpoint, name: str | None = None) -> Handler:
         return response
 
     return handle
+
+
+def _withhold(echo: EchoGuard, response: web.Response, route: str | None) -> None:
+    """A whole answer without the secrets the proxy holds (a vendor echoing its key)."""
+    echo.headers(response.headers, route)
+    if isinstance(response.body, bytes):
+        body = echo.body(response.body, route)
+        if body is not response.body:
+            response.body = body
 
 
 def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | None) -> None:
@@ -301,12 +313,15 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
     headers["X-Proxy-Attempts"] = str(flow.trace.attempts)
     if reply.stream is None:
         return web.Response(status=reply.status, headers=headers, body=reply.body)
+    echo, route = request.app[STATE].echo, ex.name
+    echo.headers(headers, route)
     response = web.StreamResponse(status=reply.status, headers=headers)
     watch = _AgentWatch(request)
     try:
         await response.prepare(request)
         sent.response = response
         async for chunk in reply.stream:
+            chunk = echo.body(chunk, route, "stream")
             await response.write(chunk)
             sent.written += len(chunk)
             sent.ending = (sent.ending + chunk[-4:])[-4:]

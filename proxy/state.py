@@ -13,6 +13,7 @@ from proxy.admin import Admin
 from proxy.clients import ClientGate
 from proxy.config import Config
 from proxy.direct import DirectHooks
+from proxy.echo import EchoGuard
 from proxy.fetch_api import FetchApi
 from proxy.generation import Generation
 from proxy.mcp_fetch import FetchTool
@@ -42,6 +43,7 @@ class ProxyState:
     direct_hooks: DirectHooks | None = None
     admin: Admin | None = None
     clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
+    echo: EchoGuard = field(default_factory=lambda: EchoGuard(()))  # the secrets held
     generation: Generation | None = None
     mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
     session: aiohttp.ClientSession | None = None
@@ -76,6 +78,7 @@ class ProxyState:
         self.openapi_json = generation.openapi_json
         self.admin = generation.admin
         self.clients = generation.clients
+        self.echo = generation.echo
         if self.mcp is not None:
             self.mcp.use(generation.search_api, generation.clients, generation.config.mcp_server)
             fetch = generation.fetch_api  # fetch_page beside web_search

@@ -53,6 +53,7 @@ TIER_OF_MODULE = {
     "test_bad_input": "e2e",
     "test_failover_graph": "e2e",
     "test_admin_access": "e2e",
+    "test_secrets": "e2e",
     "test_bodies": "unit",
     "test_internals": "unit",
     "test_upstream": "integration",
