@@ -11,6 +11,7 @@ query), GET, and the methods the route marks safe.
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -46,6 +47,8 @@ MIN_AFTER_S = 0.001
 MIN_ATTEMPT_S = 0.05
 # Samples the latency window needs before `after: auto` sends any hedge.
 MIN_SAMPLES = 20.0
+# How long a percentile read from the window stands before it is read again.
+AFTER_REFRESH_S = 0.05
 
 
 @dataclass(frozen=True)
@@ -98,6 +101,8 @@ class Hedge:
         self.budget = RetryBudget(b.ratio, b.min_per_s, clock, floor="least")
         # With `after: auto`, the route's recent attempt latencies (`window`: kept by a reload).
         self.window = (window or LatencyWindow(clock)) if config.after == "auto" else None
+        self._after_at = -math.inf  # when `after` was last read from the window
+        self._after: float | None = None
 
     def hedgeable(self, flow: Flow) -> bool:
         """Whether sending this request twice is safe (a pure decision)."""
@@ -113,13 +118,18 @@ class Hedge:
 
     def after(self) -> float | None:
         """Seconds an attempt runs alone before a hedge joins it; None: no hedge (the window
-        knows too little yet, or the attempt would time out first)."""
+        knows too little yet, or the attempt would time out first). Read from the window at
+        most every AFTER_REFRESH_S: it moves with a half-life of seconds, and a busy route
+        would otherwise walk its histogram on every request."""
         if self.window is None:
             return float(self.config.after)
+        now = self.clock.now()
+        if now - self._after_at < AFTER_REFRESH_S:
+            return self._after
         found = self.window.percentile(self.config.percentile, MIN_SAMPLES)
-        if found is None or found >= self.per_try:
-            return None
-        return max(MIN_AFTER_S, found)
+        after = None if found is None or found >= self.per_try else max(MIN_AFTER_S, found)
+        self._after_at, self._after = now, after
+        return after
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
         if not self.hedgeable(flow):

@@ -10,6 +10,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import os
+import random
 import socket
 import subprocess
 import tempfile
@@ -24,12 +25,32 @@ ROOT = Path(__file__).resolve().parent.parent
 _RUNNING: list[Child] = []
 
 
+# Ports handed out below the kernel's ephemeral range (ip_local_port_range, 32768-60999 by
+# default): a port from bind(0) is one every outgoing connection may take before the server we
+# hand it to binds it, which happened with a test's twelve Redis cluster ports.
+_PORTS = range(20000, 32000)
+_handed_out: set[int] = set()
+_random = random.Random()
+
+
 def free_port() -> int:
-    """A loopback port free right now (another process could take it before we bind it)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
+    """A loopback port free right now, never handed out before by this process (another
+    process could still take it before we bind it)."""
+    for _ in range(200):
+        port = _random.choice(_PORTS)
+        if port in _handed_out:
+            continue
+        with socket.socket() as s:
+            try:
+                s.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+        _handed_out.add(port)
         return port
+    with socket.socket() as s:  # the range is crowded: let the kernel choose
+        s.bind(("127.0.0.1", 0))
+        found: int = s.getsockname()[1]
+        return found
 
 
 class StartError(RuntimeError):

@@ -7,6 +7,7 @@ A rule rather than a list, so a vendor's own header (`X-Goog-Api-Key`,
 from __future__ import annotations
 
 from collections.abc import Mapping
+from functools import lru_cache
 
 # A header, query parameter or field whose name contains one of these (any case) is a credential.
 CREDENTIAL_WORDS = (
@@ -64,6 +65,7 @@ def is_credential_param(name: str) -> bool:
     return is_credential_name(name) or name.lower() in QUERY_CREDENTIALS
 
 
+@lru_cache(maxsize=4096)  # a request asks it of every header it carries; names repeat
 def is_credential_name(name: str) -> bool:
     """Whether a header, query parameter or field of this name carries a credential."""
     lower = name.lower()

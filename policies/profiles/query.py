@@ -107,7 +107,7 @@ def replace_query(
     if loc not in profile.query_locations:
         raise ValueError(f"{loc.kind} {loc.field!r} is not a query location of {profile.name}")
     if loc.kind == "json":
-        data = load_json(body)
+        data = copy.deepcopy(load_json(body))  # load_json's answer is shared: never change it
         if not isinstance(data, dict):
             raise ValueError("the body is not a JSON object")
         target = data

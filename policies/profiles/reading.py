@@ -3,8 +3,9 @@ dotted path, find a profile's result list."""
 
 from __future__ import annotations
 
-import json
 from typing import Any
+
+import orjson
 
 from policies.core.profile import VendorProfile
 
@@ -13,13 +14,26 @@ MISSING: Any = object()
 NOT_A_LIST: Any = object()
 
 
+# The last body parsed and what it parsed to. A request's body is read by several policies in
+# a row (the guard, failover, search recovery, the hedge find its query), and an answer by the
+# classifier and whoever reads its results: bytes are immutable, so the same object parses
+# the same. Callers must not change what they get (replace_query copies first).
+_last: tuple[bytes, Any] = (b"", NOT_JSON)
+
+
 def load_json(body: bytes) -> Any:
+    """`body` parsed as JSON, NOT_JSON when it is empty or is not JSON; never raises."""
+    global _last
+    if body is _last[0]:
+        return _last[1]
     if not body or not body.strip():
         return NOT_JSON
     try:
-        return json.loads(body)
-    except (ValueError, RecursionError):  # UnicodeDecodeError is a ValueError
-        return NOT_JSON
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:  # also past its nesting limit, or not UTF-8
+        data = NOT_JSON
+    _last = (body, data)
+    return data
 
 
 def dig(data: Any, keys: tuple[str, ...]) -> Any:
