@@ -27,6 +27,7 @@ from policies.core.flow import CallBudget, Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
 from proxy.bodies import read_body
+from proxy.budget import budget_for
 from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.direct import DirectHooks
@@ -464,6 +465,8 @@ def build_app(
         pulse=Pulse(metrics),
         direct_hooks=direct_hooks,
     )
+    state.memory = budget_for(config.server.max_buffered_bytes)
+    metrics.watch_budget(state.memory)
     app[RELOADER] = Reloader(state)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes

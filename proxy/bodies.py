@@ -11,6 +11,8 @@ from operator import sub
 from aiohttp import web
 
 from policies.core.errors import BadRequest
+from policies.core.memory import holding
+from proxy.budget import charge_body
 from proxy.errors import PayloadTooLarge
 
 # No search, fetch or MCP request nests anywhere near this; an SDK's json.loads fails at ~1000.
@@ -46,6 +48,10 @@ async def read_body(request: web.Request, limit: int, where: str = "request") ->
             f"request body of {request.content_length} bytes exceeds the "
             f"limit of {limit} bytes; send a smaller request"
         )
+    hold = holding()  # the body counts against the memory budget, refused before it is read
+    declared = request.content_length
+    if declared:
+        charge_body(hold, declared, where)
     try:
         body = await request.read()
     except web.HTTPRequestEntityTooLarge:
@@ -54,6 +60,8 @@ async def read_body(request: web.Request, limit: int, where: str = "request") ->
         raise PayloadTooLarge(
             f"request body exceeds the limit of {limit} bytes; send a smaller request"
         )
+    if not declared:
+        charge_body(hold, len(body), where)
     if body.lstrip()[:1] in (b"{", b"[") and nested_deeper(body):
         raise too_deep(where)
     return body

@@ -148,15 +148,27 @@ def connection_budget(server: ServerConfig) -> tuple[int, int]:
     return min(server.max_connections, max(limit - reserve, limit // 2)), limit
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(name: str) -> Callable[..., int] | None:
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
+        found: Callable[..., int] = getattr(ctypes.CDLL(None), name)  # glibc only
     except (OSError, AttributeError):
         return None
-    return trim
+    return found
 
 
-_MALLOC_TRIM = _malloc_trim()
+_MALLOC_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt")
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 256 * 1024
+
+
+def map_large_allocations() -> None:
+    """Have glibc give every allocation above MMAP_THRESHOLD (a vendor's answer, a request
+    body) pages of its own, returned to the OS when freed. By default it raises that threshold
+    after each large free, up to 32 MiB, and a burst of large bodies then stays in a heap it
+    keeps: the process's memory did not come back after one (elsewhere a no-op)."""
+    if _MALLOPT is not None:
+        _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def trim_heap() -> None:

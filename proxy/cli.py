@@ -20,7 +20,12 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.app import STATE, build_admin_app, build_app
-from proxy.capacity import LISTEN_BACKLOG, OverloadLog, connection_budget
+from proxy.capacity import (
+    LISTEN_BACKLOG,
+    OverloadLog,
+    connection_budget,
+    map_large_allocations,
+)
 from proxy.config import (
     Config,
     ConfigError,
@@ -173,6 +178,7 @@ async def serve(
     log = structlog.get_logger("search_proxy")
     loop = asyncio.get_running_loop()
     max_connections, open_files = connection_budget(config.server)
+    map_large_allocations()
     overload = OverloadLog(loop.time, loop.call_at, max_connections)
     loop.set_exception_handler(overload)  # asyncio's failed accepts: one line per interval
     if max_connections < config.server.max_connections:
@@ -189,6 +195,7 @@ async def serve(
         app,
         limits,
         overload,
+        app[STATE].memory,
         access_log=None,
         # By cleanup time the drain below has ended every request: this only bounds stragglers.
         shutdown_timeout=CUT_MARGIN_S,

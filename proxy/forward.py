@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 
@@ -24,6 +23,7 @@ from policies.core.clock import Clock
 from policies.core.errors import (
     AttemptFailed,
     DeadlineExceeded,
+    MemoryBudgetFull,
     OutOfTime,
     StreamCut,
     UpstreamInvalidResponse,
@@ -34,9 +34,12 @@ from policies.core.errors import (
     seconds_text,
 )
 from policies.core.flow import Flow, Reply
+from policies.core.memory import Hold, holding
 from policies.core.outcome import Outcome
 from policies.core.route import HOP_BY_HOP, PROXY_OWNED
+from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
+from proxy.pool import PoolFull, Slot, pool_slots
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
@@ -102,95 +105,6 @@ def is_stream(resp: aiohttp.ClientResponse) -> bool:
     if ctype in STREAM_TYPES:
         return True
     return resp.content_length is None and "json" not in ctype and resp.method != "HEAD"
-
-
-class _Slot:
-    """One pooled connection's worth of room, held from before the request until its response
-    is released; `release` is idempotent."""
-
-    __slots__ = ("_held",)
-
-    def __init__(self, *held: asyncio.Semaphore) -> None:
-        self._held = held
-
-    def release(self) -> None:
-        for semaphore in self._held:
-            semaphore.release()
-        self._held = ()
-
-    def hand_over(self) -> _Slot:
-        """A new slot holding what this one held; this one is left empty."""
-        taken, self._held = _Slot(*self._held), ()
-        return taken
-
-
-class PoolFull(Exception):
-    """No slot within the wait; `scope` names the limit: "host" or "total"."""
-
-    def __init__(self, scope: str, limit: int) -> None:
-        super().__init__(scope)
-        self.scope = scope
-        self.limit = limit
-
-
-class PoolSlots:
-    """Our own queue in front of a connector's pool, with the same limits (per host, in all).
-
-    aiohttp counts the wait for a free pooled connection in its connect timeout, so pool
-    exhaustion looked like a slow vendor. Waiting here first, for as many slots as aiohttp has
-    connections, makes the pool wait ours: timed and reported on its own (`UpstreamPoolExhausted`)
-    while aiohttp's own wait stays empty.
-    """
-
-    def __init__(self, limit: int, per_host: int) -> None:
-        self.limit = limit
-        self.per_host = per_host
-        self._total = asyncio.Semaphore(limit) if limit else None
-        self._hosts: dict[tuple[str, int, bool], asyncio.Semaphore] = {}
-
-    async def acquire(self, host: tuple[str, int, bool], wait: float) -> _Slot:
-        """A slot for one request to `host`, or PoolFull after `wait` seconds."""
-        held: list[asyncio.Semaphore] = []
-        try:
-            if self.per_host:
-                semaphore = self._hosts.get(host)
-                if semaphore is None:
-                    semaphore = self._hosts[host] = asyncio.Semaphore(self.per_host)
-                await self._take(semaphore, wait, "host", self.per_host)
-                held.append(semaphore)
-            if self._total is not None:
-                await self._take(self._total, wait, "total", self.limit)
-                held.append(self._total)
-        except BaseException:
-            _Slot(*held).release()
-            raise
-        return _Slot(*held)
-
-    @staticmethod
-    async def _take(semaphore: asyncio.Semaphore, wait: float, scope: str, limit: int) -> None:
-        if not semaphore.locked():
-            await semaphore.acquire()  # free: returns without yielding
-            return
-        try:
-            async with asyncio.timeout(wait):
-                await semaphore.acquire()
-        except TimeoutError:
-            raise PoolFull(scope, limit) from None
-
-
-# One PoolSlots per connector (the process's one session), made on first use.
-_POOLS: weakref.WeakKeyDictionary[aiohttp.BaseConnector, PoolSlots] = weakref.WeakKeyDictionary()
-
-
-def pool_slots(session: aiohttp.ClientSession) -> PoolSlots | None:
-    """The slots mirroring `session`'s connector limits; None when it has no connector."""
-    connector = session.connector
-    if connector is None:
-        return None
-    slots = _POOLS.get(connector)
-    if slots is None:
-        slots = _POOLS[connector] = PoolSlots(connector.limit, connector.limit_per_host)
-    return slots
 
 
 def duration_text(seconds: float) -> str:
@@ -291,7 +205,7 @@ class Upstream:
             )
         return budget
 
-    async def _slot(self, flow: Flow, budget: float) -> _Slot | None:
+    async def _slot(self, flow: Flow, budget: float) -> Slot | None:
         """Wait for room in the connection pool, at most the connect timeout."""
         if self.slots is None:
             return None
@@ -316,7 +230,7 @@ class Upstream:
         finally:
             flow.trace.waited_seconds += self.clock.now() - started
 
-    async def _exchange(self, flow: Flow, budget: float, slot: _Slot | None) -> Reply:
+    async def _exchange(self, flow: Flow, budget: float, slot: Slot | None) -> Reply:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
         request = flow.request
@@ -340,9 +254,16 @@ class Upstream:
                     raise self._too_large(flow, declared)
                 if is_stream(resp):
                     return self._streamed(flow, resp, headers, slot)
-                body = await self._read(flow, resp)
-                return Reply(resp.status, headers, body)
-        except AttemptFailed:
+                hold = holding()
+                reserved = declared or 0
+                if hold is not None and not hold.take(reserved):
+                    if "json" not in resp.content_type:  # nothing reads it: passed through
+                        return self._streamed(flow, resp, headers, slot)
+                    raise over_budget(self.route, flow.attempt, hold)
+                body = await self._read(flow, resp, hold, reserved)
+                # Dropped (a retried or losing attempt), it gives its bytes back at once.
+                return Reply(resp.status, headers, body, release=giving_back(hold, len(body)))
+        except (AttemptFailed, MemoryBudgetFull):
             if resp is not None:
                 resp.close()
             raise
@@ -414,17 +335,30 @@ class Upstream:
             if self.observe is not None:
                 self.observe(elapsed)
 
-    async def _read(self, flow: Flow, resp: aiohttp.ClientResponse) -> bytes:
-        """The whole (decoded) body, read chunk by chunk and never past `max_bytes`.
+    async def _read(
+        self, flow: Flow, resp: aiohttp.ClientResponse, hold: Hold | None, held: int
+    ) -> bytes:
+        """The whole (decoded) body, read chunk by chunk and never past `max_bytes` nor past
+        the memory budget (`hold`, of which `held` bytes are taken for it already).
 
         aiohttp inflates a compressed body only as fast as it is read, so stopping here also
         stops the inflating: a gzip bomb costs at most the limit.
         """
         body = bytearray()
-        async for chunk in resp.content.iter_any():
-            if len(body) + len(chunk) > self.max_bytes:
-                raise self._too_large(flow)
-            body += chunk
+        try:
+            async for chunk in resp.content.iter_any():
+                size = len(body) + len(chunk)
+                if size > self.max_bytes:
+                    raise self._too_large(flow)
+                if hold is not None and size > held:
+                    if not hold.take(size - held):
+                        raise over_budget(self.route, flow.attempt, hold)
+                    held = size
+                body += chunk
+        except BaseException:
+            if hold is not None:
+                hold.give(held)  # nothing of it is kept
+            raise
         resp.release()
         return bytes(body)
 
@@ -433,10 +367,10 @@ class Upstream:
         flow: Flow,
         resp: aiohttp.ClientResponse,
         headers: CIMultiDict[str],
-        slot: _Slot | None,
+        slot: Slot | None,
     ) -> Reply:
         """A reply passing the body through chunk by chunk; it owns the pool slot from here."""
-        taken = _Slot() if slot is None else slot.hand_over()
+        taken = Slot() if slot is None else slot.hand_over()
 
         def release() -> None:
             resp.release()
@@ -446,7 +380,7 @@ class Upstream:
         return Reply(resp.status, headers, stream=relay, release=release)
 
     async def _relay(
-        self, flow: Flow, resp: aiohttp.ClientResponse, slot: _Slot, started: float
+        self, flow: Flow, resp: aiohttp.ClientResponse, slot: Slot, started: float
     ) -> AsyncIterator[bytes]:
         """The upstream body as it arrives, from `started` (the clock's time at its headers).
 

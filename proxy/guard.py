@@ -32,6 +32,8 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from policies.core.errors import BadRequest, ProxyError, seconds_text
+from policies.core.memory import HOLD, MemoryBudget
+from proxy.budget import hold_request, release_request
 from proxy.capacity import OverloadLog, peer_of, per_peer_limit, trim_heap
 from proxy.config import ServerConfig
 from proxy.dialects import error_body, error_response, reason_phrase
@@ -319,7 +321,10 @@ class ClientConnection(RequestHandler):
     ) -> tuple[web.StreamResponse, bool]:
         if self._close_after_answer:
             resp.force_close()  # Connection: close, and aiohttp closes once it is written
-        return await super().finish_response(request, resp, start_time)
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            release_request(request)  # the answer is written (or the agent gone): its memory
 
     # ------------------------------------------------------------------ aiohttp's errors
 
@@ -364,10 +369,15 @@ class GuardedServer(web.Server):
     version other than 1.0 and 1.1 with 505."""
 
     def __init__(
-        self, plain: web.Server, limits: ServerConfig, overload: OverloadLog | None = None
+        self,
+        plain: web.Server,
+        limits: ServerConfig,
+        overload: OverloadLog | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.limits = limits
+        self.budget = budget  # what requests' bodies may hold at once (None: not counted)
         self.overload = overload or OverloadLog(loop.time, loop.call_at, limits.max_connections)
         self.open = 0
         self.per_peer = per_peer_limit(limits)
@@ -491,6 +501,7 @@ class GuardedServer(web.Server):
         task = asyncio.current_task()
         assert task is not None
         self._in_flight[task] = cast(ClientConnection, request.protocol)
+        held = hold_request(request, self.budget) if self.budget is not None else None
         try:
             claimed = request.get(_CLAIMED_VERSION)
             if claimed is not None:
@@ -504,8 +515,13 @@ class GuardedServer(web.Server):
                 response.force_close()
                 return response
             return await self._app_handler(request)
+        except asyncio.CancelledError:
+            release_request(request)  # no answer will be written
+            raise
         finally:
             del self._in_flight[task]
+            if held is not None:
+                HOLD.reset(held)
 
     async def drain(self, deadline: float) -> int:
         """Let requests in flight finish until `deadline` (loop time), then cut those still
@@ -525,23 +541,25 @@ class GuardedServer(web.Server):
 class GuardedRunner(web.AppRunner):
     """An AppRunner serving through a `GuardedServer` with these limits."""
 
-    __slots__ = ("guarded", "limits", "overload")
+    __slots__ = ("budget", "guarded", "limits", "overload")
 
     def __init__(
         self,
         app: web.Application,
         limits: ServerConfig,
         overload: OverloadLog | None = None,
+        budget: MemoryBudget | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, keepalive_timeout=limits.client_keepalive_timeout, **kwargs)
         self.limits = limits
         self.overload = overload
+        self.budget = budget
         self.guarded: GuardedServer | None = None
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()
-        self.guarded = GuardedServer(plain, self.limits, self.overload)
+        self.guarded = GuardedServer(plain, self.limits, self.overload, self.budget)
         return self.guarded
 
     async def stop_accepting(self) -> None:

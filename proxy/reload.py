@@ -49,6 +49,7 @@ RESTART_ONLY = (
     "server.send_timeout",
     "server.client_keepalive_timeout",
     "server.max_body_bytes",
+    "server.max_buffered_bytes",
     "server.upstream_connections",
     "server.upstream_connections_per_host",
     "server.keepalive_timeout",

@@ -8,6 +8,7 @@ import aiohttp
 from aiohttp import web
 
 from policies.core.clock import Clock
+from policies.core.memory import MemoryBudget
 from policies.core.redislink import RedisLink
 from proxy.admin import Admin
 from proxy.clients import ClientGate
@@ -60,6 +61,9 @@ class ProxyState:
     config_hash: str = ""
     series: Series | None = None
     pulse: Pulse | None = None  # recent rates, latencies and errors, for the status page
+    # Bodies held at once (server.max_buffered_bytes): the agents' listener charges each
+    # request's to it (proxy/budget.py); None: not counted (an app a test serves directly).
+    memory: MemoryBudget | None = None
 
     def admin_at(self) -> str:
         """The admin listener's address, as bound or as configured."""

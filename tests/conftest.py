@@ -54,6 +54,7 @@ TIER_OF_MODULE = {
     "test_failover_graph": "e2e",
     "test_admin_access": "e2e",
     "test_secrets": "e2e",
+    "test_memory": "e2e",
     "test_bodies": "unit",
     "test_internals": "unit",
     "test_upstream": "integration",

@@ -150,6 +150,15 @@ class UpstreamPoolExhausted(LocalRefusal):
     summary = "all upstream connections busy"
 
 
+class MemoryBudgetFull(LocalRefusal):
+    """The bodies the process holds at once would pass server.max_buffered_bytes: our own
+    memory ran out, not the vendor; the breaker ignores it, a stale entry may stand in."""
+
+    status = 503
+    type = "memory_budget"
+    summary = "memory budget full"
+
+
 class CircuitOpen(LocalRefusal):
     status = 503
     type = "circuit_open"

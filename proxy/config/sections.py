@@ -39,6 +39,7 @@ from policies.core.settings import (
     section,
     text,
     texts,
+    whole,
     whole_in,
 )
 from proxy.config.fetch import FetchApiConfig
@@ -58,6 +59,8 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 1024 * 1024
+    # Every body held in memory at once: agents' bodies, buffered answers (proxy/budget.py).
+    max_buffered_bytes: int = 32 * 1024 * 1024
     shutdown_grace: float = 20.0
     admin_token: str | None = None
     # The admin endpoints' own listener; off loopback only with admin_token (proxy/admin.py).
@@ -147,6 +150,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "host": host,
             "port": port,
             "max_body_bytes": parse_size,
+            "max_buffered_bytes": lambda v, p: whole(parse_size(v, p), p, 1),
             "shutdown_grace": parse_duration,
             "admin_token": text,
             "admin_host": host,
@@ -165,6 +169,15 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "watch_config": boolean,
         },
     )
+    if cfg.max_body_bytes > cfg.max_buffered_bytes:
+        given = raw if isinstance(raw, dict) else {}
+        where = "max_body_bytes" if "max_body_bytes" in given else "max_buffered_bytes"
+        raise ConfigError(
+            join(path, where),
+            f"max_body_bytes ({cfg.max_body_bytes}) is more than the process may hold of all "
+            f"bodies at once, max_buffered_bytes ({cfg.max_buffered_bytes}): no such body "
+            "could ever be read; lower max_body_bytes",
+        )
     per_peer = cfg.max_connections_per_peer
     if per_peer is not None and per_peer > cfg.max_connections:
         raise ConfigError(

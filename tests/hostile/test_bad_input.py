@@ -133,8 +133,11 @@ def test_a_route_may_not_remove_what_the_proxy_writes(tmp_path: Path) -> None:
     assert "routes.a.headers.remove[1]: Content-Length is the proxy's own" in done.stderr
 
 
-def check_config(tmp_path: Path, body: dict[str, Any]) -> subprocess.CompletedProcess[str]:
-    """`search-proxy check-config` on one route `a` searching Tavily, with `body` added."""
+def check_config(
+    tmp_path: Path, body: dict[str, Any], server: dict[str, Any] | None = None
+) -> subprocess.CompletedProcess[str]:
+    """`search-proxy check-config` on one route `a` searching Tavily, with `body` added (and
+    a `server` section)."""
     a = {
         "prefix": "/a",
         "upstream": "http://127.0.0.1:9",
@@ -144,6 +147,6 @@ def check_config(tmp_path: Path, body: dict[str, Any]) -> subprocess.CompletedPr
     }
     b = {"prefix": "/b", "upstream": "http://127.0.0.1:9", "search": {"vendor": "exa"}}
     path = tmp_path / "config.yaml"
-    path.write_text(yaml.safe_dump({"routes": {"a": a, "b": b}}))
+    path.write_text(yaml.safe_dump({"routes": {"a": a, "b": b}, "server": server or {}}))
     argv = [sys.executable, "-m", "proxy", "check-config", str(path)]  # this tree's proxy
     return subprocess.run(argv, cwd=ROOT, capture_output=True, text=True, timeout=30)
