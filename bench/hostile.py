@@ -68,14 +68,17 @@ def hostile_proxy(
     *,
     wrapper: tuple[str, ...] = (),
     timeout: float = 15.0,
+    routes: dict[str, Any] | None = None,
 ) -> Iterator[tuple[str, Child]]:
     """`python -m proxy` (log level warning) with these `server:` keys, one route /v to the
-    fake vendor; yields (url, child) once /healthz answers. Its output is in child.log_path."""
+    fake vendor (or these `routes`); yields (url, child) once /healthz answers. Its output is
+    in child.log_path."""
     port = free_port()
     config = {
         "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s", **server},
         "log": {"level": "warning", "format": "json"},
-        "routes": {"v": {"prefix": "/v", "upstream": vendor_url, "timeouts": ROUTE_TIMEOUTS}},
+        "routes": routes
+        or {"v": {"prefix": "/v", "upstream": vendor_url, "timeouts": ROUTE_TIMEOUTS}},
     }
     fd, config_path = tempfile.mkstemp(prefix="bench-hostile-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
@@ -355,9 +358,11 @@ SCENARIOS: tuple[Callable[[Pinning, str], list[Scenario]], ...] = (held_connecti
 
 
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
-    """One fake vendor for both scenarios; a proxy each."""
+    """One fake vendor for every scenario (some start upstreams of their own); a proxy each."""
+    from bench import pressure  # round three's scenarios, which build on this module's parts
+
     with fake_vendor(pinning) as vendor_url:
-        for scenario in SCENARIOS:
+        for scenario in (*SCENARIOS, *pressure.SCENARIOS):
             try:
                 for s in scenario(pinning, vendor_url):
                     emit(s)

@@ -391,6 +391,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         # One session serves every agent: a vendor's cookie for one must never reach another.
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent",),
+        read_bufsize=16 * 1024,
     )
     metrics = state.metrics
     metrics.redis_is_configured(state.config.redis is not None)

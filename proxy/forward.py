@@ -50,6 +50,7 @@ _REQUEST_DROP = PROXY_OWNED
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
 # What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
 
 
@@ -255,12 +256,13 @@ class Upstream:
                 if is_stream(resp):
                     return self._streamed(flow, resp, headers, slot)
                 hold = holding()
+                # Of an answer of unknown length, at least a first read's worth must fit.
                 reserved = declared or 0
-                if hold is not None and not hold.take(reserved):
+                if hold is not None and not hold.take(reserved or RELAY_BYTES):
                     if "json" not in resp.content_type:  # nothing reads it: passed through
                         return self._streamed(flow, resp, headers, slot)
                     raise over_budget(self.route, flow.attempt, hold)
-                body = await self._read(flow, resp, hold, reserved)
+                body = await self._read(flow, resp, hold, reserved or RELAY_BYTES)
                 # Dropped (a retried or losing attempt), it gives its bytes back at once.
                 return Reply(resp.status, headers, body, release=giving_back(hold, len(body)))
         except (AttemptFailed, MemoryBudgetFull):
@@ -356,10 +358,15 @@ class Upstream:
                     held = size
                 body += chunk
         except BaseException:
+            # Nothing of it is kept: its bytes go now, not when the collector finds the frame
+            # this exception's traceback keeps alive.
+            body.clear()
             if hold is not None:
-                hold.give(held)  # nothing of it is kept
+                hold.give(held)
             raise
         resp.release()
+        if hold is not None and held > len(body):
+            hold.give(held - len(body))  # less came than was set aside for it
         return bytes(body)
 
     def _streamed(
@@ -396,7 +403,9 @@ class Upstream:
                     raise StreamCut(self._stream_too_long(flow))
                 try:
                     async with asyncio.timeout(min(self.idle, left)):
-                        chunk = await resp.content.readany()
+                        # A piece at a time: what the agent has not taken yet waits here,
+                        # not in its transport's buffer as one large copy.
+                        chunk = await resp.content.read(RELAY_BYTES)
                 except TimeoutError:
                     if left <= self.idle:
                         raise StreamCut(self._stream_too_long(flow)) from None

@@ -12,10 +12,10 @@ from contextvars import ContextVar
 
 class MemoryBudget:
     """Bytes held at once, and the most allowed; `take` refuses past the limit. `on_drained`
-    is called when usage falls back to zero after it had been above half the limit: the
-    moment to give the freed heap back to the OS."""
+    is called when usage falls back to zero after half the limit or more went through since
+    the last call: the moment to give a burst's freed memory back to the OS."""
 
-    __slots__ = ("_high", "limit", "on_drained", "on_refused", "peak", "used")
+    __slots__ = ("_churn", "limit", "on_drained", "on_refused", "peak", "used")
 
     def __init__(self, limit: int, on_drained: Callable[[], None] | None = None) -> None:
         self.limit = limit
@@ -23,7 +23,7 @@ class MemoryBudget:
         self.peak = 0
         self.on_drained = on_drained
         self.on_refused: Callable[[], None] | None = None  # each refusal (a metric counts them)
-        self._high = False
+        self._churn = 0  # bytes taken since on_drained was last called
 
     def take(self, n: int) -> bool:
         """Hold `n` more bytes; False, holding nothing more, when that would pass the limit."""
@@ -33,13 +33,13 @@ class MemoryBudget:
             return False
         self.used += n
         self.peak = max(self.peak, self.used)
-        self._high = self._high or self.used * 2 > self.limit
+        self._churn += n
         return True
 
     def give(self, n: int) -> None:
         self.used = max(0, self.used - n)
-        if self.used == 0 and self._high:
-            self._high = False
+        if self.used == 0 and self._churn * 2 >= self.limit:
+            self._churn = 0
             if self.on_drained is not None:
                 self.on_drained()
 
