@@ -223,7 +223,8 @@ async def _held_connections(url: str, child: Child) -> dict[str, Any]:
 
 
 def held_connections(pinning: Pinning, vendor_url: str) -> list[Scenario]:
-    server = {"max_connections": 4000}
+    # All from 127.0.0.1: the per-peer cap (half of max_connections) is not what is measured.
+    server = {"max_connections": 4000, "max_connections_per_peer": 4000}
     with hostile_proxy(pinning, vendor_url, server) as (url, child):
         r = asyncio.run(_held_connections(url, child))
     normal = r["normal"]
@@ -303,7 +304,8 @@ def fd_limit(pinning: Pinning, vendor_url: str) -> list[Scenario]:
     if shutil.which("prlimit") is None:
         return [Scenario("hostile/fd-limit", error="prlimit is not installed (util-linux)")]
     wrapper = ("prlimit", f"--nofile={FD_LIMIT}:{FD_LIMIT}", "--")
-    with hostile_proxy(pinning, vendor_url, {"max_connections": 1000}, wrapper=wrapper) as (
+    limits = {"max_connections": 1000, "max_connections_per_peer": 1000}
+    with hostile_proxy(pinning, vendor_url, limits, wrapper=wrapper) as (
         url,
         child,
     ):
