@@ -19,6 +19,7 @@ from collections.abc import Callable
 
 from bench import (
     burst,
+    chaos,
     core,
     failover,
     fetch,
@@ -51,6 +52,7 @@ GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "mcproute": mcproute.run,
     "redis": redisha.run,
     "fetch": fetch.run,
+    "chaos": chaos.run,
 }
 
 

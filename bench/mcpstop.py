@@ -26,7 +26,7 @@ import aiohttp
 
 from bench.procs import Pinning, client_pinned, fake_vendor, get_json, proxy
 from bench.report import Scenario, at_most
-from proxy.mcp_server import HARD_STOP_S
+from proxy.mcp_engine import HARD_STOP_S
 from testkit.procs import StartError
 
 HANG_S = 120.0

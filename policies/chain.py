@@ -1,14 +1,19 @@
 """The route chain: every policy's place, in one ordered registry (docs/request-flow.md).
 
-    search guard -> [failover] -> cache -> [failover] -> breaker -> search recovery -> retry
-                 -> [hedge] -> rate limit -> upstream
+    [fault injection] -> search guard -> [failover] -> cache -> [failover] -> breaker
+        -> search recovery -> retry -> [hedge] -> rate limit -> [key pool] -> [fault injection]
+        -> upstream
 
-The guard refuses bad queries before anything is spent. Failover sits outside the cache with
+Fault injection marks a request asking for injected faults before any policy acts on it (and
+answers a fault at the agent), and replaces the vendor's answer last. The guard refuses bad
+queries before anything is spent. Failover sits outside the cache with
 `prefer: stale` (a stale entry of this vendor answers first) and inside it with `prefer: fresh`.
 The cache sits outside the breaker and the limiter so an open circuit or a refused token can
 still be answered stale. The breaker sees one outcome per request, after retries and hedges. The
 hedge races each attempt of the retry loop against the hedges it sends, above the limiter: every
-attempt, hedges included, and only attempts that reach the vendor, spends a token.
+attempt, hedges included, and only attempts that reach the vendor, spends a token. The key pool
+sits under the limiter: a call it re-sends with another key, after one key was paused, is still
+the same attempt.
 
 Adding a policy: its module (a `Section` and a `Link`, policies/core/section.py) and one line in
 CHAIN. The chain builder knows names and order, nothing of a policy's settings.
@@ -21,13 +26,25 @@ from dataclasses import dataclass, replace
 from types import MappingProxyType
 from typing import Any
 
-from policies import breaker, cache, failover, hedge, mcp, ratelimit, retry, search
+from policies import (
+    breaker,
+    cache,
+    failover,
+    faults,
+    hedge,
+    keypool,
+    mcp,
+    ratelimit,
+    retry,
+    search,
+)
 from policies.core.flow import Classifier, Policy, status_outcome
 from policies.core.profile import VendorProfile
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section
 
 CHAIN: tuple[Link[Any], ...] = (
+    faults.AT_AGENT,
     search.GUARD,
     failover.BEFORE_CACHE,
     cache.LINK,
@@ -37,6 +54,8 @@ CHAIN: tuple[Link[Any], ...] = (
     retry.LINK,
     hedge.LINK,
     ratelimit.LINK,
+    keypool.LINK,
+    faults.AT_VENDOR,
 )
 
 # Sections with no place of their own in the chain: an MCP route's `mcp:` decides what the

@@ -4,8 +4,11 @@ plan), the search is sent to the route's fallback providers through their own ro
 results come back in the primary vendor's answer shape, so the agent's SDK parses them as usual.
 
 An exhausted plan (the profile's terminal answer: 432, 402, INSUFFICIENT_FUNDS_CREDITS ...)
-benches the vendor fleet-wide (Redis) for `exhausted_for`, so later requests go straight to a
-fallback instead of paying one failing call each.
+benches the vendor fleet-wide (Redis) for `exhausted_for`, and a pause the vendor imposed (a
+429 or 5xx with Retry-After) for that long, so later requests go straight to a fallback instead
+of paying one failing call (or one wait) each. While a fallback can be asked, no policy of the
+route holds a request longer than `wait_at_most` (Context.wait_at_most): it fails, and the
+fallbacks answer at once.
 """
 
 from __future__ import annotations
@@ -19,13 +22,13 @@ from typing import Any, Literal
 from urllib.parse import parse_qsl
 
 from policies.backoff import parse_retry_after
+from policies.core.benched import MAX_BENCH_S, Benched
 from policies.core.clock import Clock
 from policies.core.credentials import injects_key
-from policies.core.errors import ClientFault, ProxyError
+from policies.core.errors import ClientFault, LocalRefusal, ProxyError, VendorFailure
 from policies.core.events import Events
-from policies.core.flow import Classifier, Flow, Handler, Reply
+from policies.core.flow import CallBudget, Classifier, Flow, Handler, Reply
 from policies.core.outcome import Outcome
-from policies.core.redislink import UNAVAILABLE, RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Provider, Section
 from policies.core.settings import ConfigError, join, one_of, parse_duration, section, texts
@@ -35,16 +38,17 @@ from policies.providers import (
     Answer,
     Search,
     all_failed,
+    askable,
     first_answer,
     read_search,
     reason_of,
     translated,
 )
 
-# How often a replica asks Redis whether another replica benched a vendor.
-_EXHAUSTED_REFRESH = 1.0
-# A vendor's reset hint may say anything; a day covers daily quotas.
-MAX_BENCH = 86_400.0
+# What `wait_at_most` defaults to: a wait the agent barely notices.
+WAIT_AT_MOST_S = 0.25
+# Why a route is benched, as Benched records it.
+_SPENT, _PAUSED = "plan exhausted", "paused by the vendor"
 
 
 @dataclass(frozen=True)
@@ -56,53 +60,10 @@ class FallbackConfig:
     # answer first, then stale.
     prefer: Literal["stale", "fresh"] = "stale"
     exhausted_for: float = 600.0  # benched after an exhausted-plan answer without a reset hint
-
-
-class Exhausted:
-    """Which vendors' plans are spent, until when (wall seconds): here, and with Redis for
-    every replica. The hot path reads memory; Redis is asked at most once a second per key."""
-
-    def __init__(self, clock: Clock, link: RedisLink | None = None) -> None:
-        self.clock = clock
-        self.link = link
-        self._until: dict[str, float] = {}
-        self._asked: dict[str, float] = {}  # key -> clock.now() of the last Redis read
-
-    def _redis_key(self, key: str) -> str:
-        assert self.link is not None
-        return self.link.key("exhausted", key)
-
-    async def mark(self, key: str, seconds: float) -> None:
-        """Bench `key` for `seconds`."""
-        until = self.clock.wall() + seconds
-        self._until[key] = max(self._until.get(key, 0.0), until)
-        if self.link is not None:
-            # The value is the end (wall seconds), so every replica reads one deadline; the
-            # key's own expiry only clears it away afterwards.
-            name, px = self._redis_key(key), max(1, math.ceil(seconds * 1000))
-            await self.link.run(lambda r: r.set(name, f"{until:.3f}", px=px))
-
-    async def remaining(self, key: str) -> float:
-        """Seconds `key` stays benched (0 when it is not)."""
-        now = self.clock.wall()
-        left = self._until.get(key, 0.0) - now
-        if left > 0:
-            return left
-        if self.link is None or self.clock.now() - self._asked.get(key, -math.inf) < (
-            _EXHAUSTED_REFRESH
-        ):
-            return 0.0
-        self._asked[key] = self.clock.now()
-        name = self._redis_key(key)
-        raw = await self.link.run(lambda r: r.get(name))
-        if raw is UNAVAILABLE or raw is None:
-            return 0.0
-        try:
-            until = float(raw)
-        except (TypeError, ValueError):
-            return 0.0
-        self._until[key] = until
-        return max(0.0, until - now)
+    # The longest the primary may hold a request in all (failed attempts, Retry-After or
+    # backoff, its limiter's queue, its breaker's wait or slow start) before the fallbacks are
+    # asked instead.
+    wait_at_most: float = WAIT_AT_MOST_S
 
 
 class Failover:
@@ -115,7 +76,7 @@ class Failover:
         classify: Classifier,
         config: FallbackConfig,
         providers: Callable[[], Sequence[Provider]],
-        exhausted: Exhausted,
+        benched: Benched,
         clock: Clock,
         events: Events,
         *,
@@ -126,7 +87,7 @@ class Failover:
         self.classify = classify
         self.config = config
         self.providers = providers
-        self.exhausted = exhausted
+        self.benched = benched
         self.clock = clock
         self.events = events
         # True when the route injects its own key: a spent plan is the fleet's, not a caller's.
@@ -157,18 +118,29 @@ class Failover:
         key = self._bench_key(flow)
         parts: list[Answer] = []  # each fallback's part, in the order asked
         tried = False  # the fallbacks were asked already (while the vendor is benched)
-        benched = await self.exhausted.remaining(key) if key is not None else 0.0
+        benched = await self.benched.remaining(key) if key is not None else 0.0
         if benched > 0:
-            why = f"plan exhausted ({math.ceil(benched)}s)"
+            if self.config.prefer == "stale":  # outside the cache: its entries answer first
+                cached = await self._from_cache(flow, call_next)
+                if cached is not None:
+                    return cached
+            why = f"{self.benched.why(key or '') or _SPENT} ({math.ceil(benched)}s)"
             answer = await self._fall_back(flow, ref, why, parts)
             if answer is not None:
                 return answer
             tried = True
+        elif any(askable(p) for p in self.providers()):
+            # A fallback answers sooner than a long wait for this vendor: the policies that
+            # would hold the request give up past this allowance instead.
+            context = flow.context
+            context.wait_at_most = min(context.wait_at_most, self.config.wait_at_most)
         try:
             reply = await call_next(flow)
         except ClientFault:
             raise
         except ProxyError as failure:
+            if isinstance(failure, VendorFailure) and failure.retry_after_s:
+                await self._bench(flow, key, failure.retry_after_s, _PAUSED)
             answer = None if tried else await self._fall_back(flow, ref, failure.type, parts)
             if answer is None:
                 if not parts:
@@ -178,10 +150,13 @@ class Failover:
         try:
             outcome = self.classify(reply)
             if outcome is Outcome.TERMINAL:
-                if key is not None:
-                    await self.exhausted.mark(key, self._bench_for(reply))
+                await self._bench(flow, key, self._bench_for(reply), _SPENT)
             elif not outcome.is_vendor_failure:
                 return reply
+            else:
+                paused = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
+                if paused:  # the vendor paused this route: ask the fallbacks meanwhile
+                    await self._bench(flow, key, paused, _PAUSED)
             why = f"upstream {reply.status}"
             answer = None if tried else await self._fall_back(flow, ref, why, parts)
         except BaseException:
@@ -196,12 +171,32 @@ class Failover:
         reply.discard()
         return answer
 
+    async def _from_cache(self, flow: Flow, call_next: Handler) -> Reply | None:
+        """The cache's answer (fresh, or stale) while the vendor is benched, or None: the chain
+        runs with a call budget of zero and no time to wait, so nothing in it calls the vendor
+        or waits for it."""
+        context = flow.context
+        budget, allowance = context.calls, context.wait_at_most
+        context.calls, context.wait_at_most = CallBudget(0), 0.0
+        try:
+            return await call_next(flow)
+        except LocalRefusal:
+            return None
+        finally:
+            context.calls, context.wait_at_most = budget, allowance
+
+    async def _bench(self, flow: Flow, key: str | None, seconds: float, why: str) -> None:
+        """Send this route's searches straight to the fallbacks for `seconds`; a request that
+        asked for injected faults benches nothing."""
+        if key is not None and seconds > 0 and not flow.context.fault_test:
+            await self.benched.mark(key, seconds, why)
+
     def _bench_for(self, reply: Reply) -> float:
         """How long a spent plan stays benched: the vendor's reset hint, else the config's."""
         hinted = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
         if hinted is None or hinted <= 0:
             return self.config.exhausted_for
-        return min(hinted, MAX_BENCH)
+        return min(hinted, MAX_BENCH_S)
 
     def _all_failed(self, failure: ProxyError, parts: list[Answer], *, benched: bool) -> ProxyError:
         """The route's own failure (its type, status and category kept), its message naming
@@ -280,7 +275,12 @@ def parse(raw: Any, path: str) -> FallbackConfig:
         raw,
         path,
         FallbackConfig,
-        {"providers": texts, "prefer": one_of("stale", "fresh"), "exhausted_for": parse_duration},
+        {
+            "providers": texts,
+            "prefer": one_of("stale", "fresh"),
+            "exhausted_for": parse_duration,
+            "wait_at_most": parse_duration,
+        },
         required=("providers",),
     )
     if not cfg.providers:
@@ -312,10 +312,11 @@ def build(cfg: FallbackConfig, route: Build) -> Failover | None:
         route.classify,
         cfg,
         route.providers(cfg.providers),
-        route.once("exhausted", lambda: Exhausted(clock, redis)),
+        route.once("benched", lambda: Benched(clock, redis)),
         clock,
         route.events,
-        shared_key=injects_key(route.route.headers.set),
+        # A key pool is the route's own key too (it benches its keys itself).
+        shared_key=injects_key(route.route.headers.set) or bool(route.route.section("keys")),
     )
 
 

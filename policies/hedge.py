@@ -204,6 +204,8 @@ class _Race:
     async def _alone(self) -> Reply:
         """The attempt without a hedge (nothing to time it against yet), timed for the window."""
         p = self.policy
+        if self.flow.context.fault_test:  # injected latency is not the route's
+            return await self.call_next(self.flow)
         started = p.clock.now()
         try:
             reply = await self.call_next(self.flow)
@@ -327,14 +329,14 @@ class _Race:
             return
         if isinstance(failure, Reply):
             failure.discard()
-        if attempt.provider is None and outcome is not None:
+        if attempt.provider is None and outcome is not None and not failure.injected:
             p.events.attempt(p.route, outcome)  # a fallback counts its own attempts
         p.events.hedge(p.route, "lost")
 
     def _observe(self, attempt: _Attempt, *, cut: bool) -> None:
         """Time the round's first attempt: hedges start late and race, so they would skew it."""
         window = self.policy.window
-        if window is None:
+        if window is None or self.flow.context.fault_test:
             return
         elapsed = self.policy.clock.now() - attempt.started
         if cut:

@@ -126,6 +126,12 @@ def missing_key(provider: Provider) -> str:
     return f"has no API key configured ({where} is empty): set it"
 
 
+def askable(provider: Provider) -> bool:
+    """Whether `provider` may be asked now with its own configured key (`skipped` would not
+    skip it): what lets a route fail over at once rather than wait for its own vendor."""
+    return provider.missing_key is None and provider.circuit_open() is None
+
+
 async def ask(
     provider: Provider,
     search: Search,
@@ -253,6 +259,8 @@ def _flow(
         started=now,
         calls=calls,
     )
+    if key is not None:  # the agent's own key: the route's key pool leaves it in place
+        flow = flow.with_request(replace(flow.request, own_key=True))
     return flow, dropped
 
 

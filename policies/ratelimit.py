@@ -443,7 +443,8 @@ class RateLimit:
         allowed = flow.context.deadline - self.clock.now() - ROOM_FOR_ATTEMPT
         if self.config.max_wait is not None:
             allowed = min(allowed, self.config.max_wait)
-        allowed = max(0.0, allowed)
+        # While a fallback can be asked, a queue longer than this sends it there instead.
+        allowed = max(0.0, min(allowed, flow.context.wait_at_most))
         decision = await self.store.acquire(key, allowed)
         if isinstance(decision, Refusal):
             self.events.ratelimit(self.route, "rejected", 0.0)
@@ -455,11 +456,12 @@ class RateLimit:
             )
         if decision.wait > 0:
             await self.clock.sleep(decision.wait)
+            flow.context.waited(decision.wait)
             self.events.ratelimit(self.route, "delayed", decision.wait)
         else:
             self.events.ratelimit(self.route, "allowed", 0.0)
         reply = await call_next(flow)
-        pause = self.pause_for(reply)
+        pause = 0.0 if flow.context.fault_test else self.pause_for(reply)
         if pause > 0:
             log.info("ratelimit_paused", route=self.route, seconds=round(pause, 3))
             await self.store.pause(key, pause)

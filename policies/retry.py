@@ -166,14 +166,16 @@ class Retry:
                 failure: Reply | AttemptFailed = exc
                 retryable = exc.transient and exc.outcome in cfg.on_conditions
                 reason: str | None = exc.outcome.value if retryable else None
-                self.events.attempt(self.route, exc.outcome)
+                if not exc.injected:  # injected faults are counted apart (fault injection)
+                    self.events.attempt(self.route, exc.outcome)
             except BaseException:
                 trace.attempts += 1  # it reached the vendor: the agent left, or time ran out
                 raise
             else:
                 trace.attempts += 1
                 outcome = self.classify(reply)
-                self.events.attempt(self.route, outcome)
+                if not reply.injected:
+                    self.events.attempt(self.route, outcome)
                 reason = self.reason(reply, outcome)
                 if outcome is Outcome.OK:
                     elapsed = self.clock.now() - started
@@ -182,6 +184,8 @@ class Retry:
                     return reply
                 failure = reply
 
+            # A failed attempt held the request as a wait would have (wait_at_most counts both).
+            flow.context.waited(self.clock.now() - started)
             if reason is None or attempt >= max_attempts:
                 return self._give_up(flow, failure, attempt, max_attempts)
             delay = self.backoff.delay(attempt, prev_delay, self.rng)
@@ -206,6 +210,9 @@ class Retry:
                     retry_after_s=decision.retry_after,
                     reason=str(reply.status) if reply is not None else None,  # a 503 says so
                 )
+            if decision.seconds > flow.context.wait_at_most:
+                # A fallback can answer sooner than this wait: failover asks it now.
+                return self._give_up(flow, failure, attempt, max_attempts)
             min_attempt = min(self.per_try, max(MIN_ATTEMPT_S, 2 * self._typical_s))
             deadline = flow.context.deadline
             if not fits_deadline(self.clock.now(), deadline, decision.seconds, min_attempt):
@@ -215,6 +222,7 @@ class Retry:
                 return self._give_up(flow, failure, attempt, max_attempts)
             await self.clock.sleep(decision.seconds)
             trace.waited_seconds += decision.seconds
+            flow.context.waited(decision.seconds)
             # The breaker counts a request only after its retries, so it often opens while
             # this one waits: once it has, this retry would only hit a vendor known to be down.
             if self.halt is not None and self.halt():

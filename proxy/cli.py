@@ -39,6 +39,7 @@ from proxy.config import (
 from proxy.guard import CUT_MARGIN_S, GuardedRunner
 from proxy.internals import internals_problem
 from proxy.logs import configure_logging
+from proxy.loops import chosen, loop_factory
 from proxy.redact import REDACTED
 from proxy.reload import RELOADER, config_hash
 from proxy.startup import check_startup, startup_errors
@@ -240,6 +241,7 @@ async def serve(
         admin_port=admin_bound[1],
         routes={name: r.prefix for name, r in config.routes.items()},
         redis="configured" if config.redis else "in-process state",
+        event_loop=chosen(config.server.event_loop),
         max_connections=max_connections,
         config_hash=config_hash,
         watch_config=config.server.watch_config and config_path is not None,
@@ -283,16 +285,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     host = opts.host or config.server.host
     port = config.server.port if opts.port is None else opts.port
     try:
-        asyncio.run(
-            serve(
-                config,
-                host,
-                port,
-                opts.admin_port,
-                config_path=opts.config,
-                config_hash=digest,
+        with asyncio.Runner(loop_factory=loop_factory(config.server.event_loop)) as runner:
+            runner.run(
+                serve(
+                    config,
+                    host,
+                    port,
+                    opts.admin_port,
+                    config_path=opts.config,
+                    config_hash=digest,
+                )
             )
-        )
     except CannotListen as exc:
         print(f"search-proxy: {exc}", file=sys.stderr)
         return 1

@@ -22,11 +22,16 @@ from multidict import CIMultiDictProxy
 
 from policies.core.errors import QuotaExceeded
 from policies.core.flow import Request
-from policies.profiles import CredentialSlot, VendorProfile, credential_slot
+from policies.profiles import (
+    CredentialSlot,
+    VendorProfile,
+    body_keys,
+    credential_slot,
+    with_body_key,
+)
 from policies.quota import DailyQuota
 from proxy.config import ClientConfig, ConfigError, ConfigErrors
 from proxy.errors import Unauthorized
-from proxy.keys import body_keys, with_body_key
 from proxy.metrics import Metrics
 from proxy.pipeline import Route
 
@@ -288,15 +293,16 @@ class ClientGate:
 
 
 def keyless_routes(routes: Mapping[str, Route]) -> list[str]:
-    """Routes whose vendor takes a key in a slot the route does not fill (`headers.set`): with
-    clients configured, their requests reach the vendor with no key at all."""
+    """Routes whose vendor takes a key in a slot the route does not fill (`headers.set` or
+    `keys`): with clients configured, their requests reach the vendor with no key at all."""
     keyless = []
     for name, route in routes.items():
         slot = credential_slot(route.profile) if route.profile is not None else None
         if slot is None:
             continue
-        filled = slot.kind == "header" and any(
-            header.lower() == slot.name.lower() for header, _ in route.set_headers
+        filled = route.keys is not None or (
+            slot.kind == "header"
+            and any(header.lower() == slot.name.lower() for header, _ in route.set_headers)
         )
         if not filled:
             keyless.append(name)

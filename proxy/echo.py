@@ -23,12 +23,15 @@ _SHOWN = REDACTED.encode()
 
 def held_secrets(config: Config) -> tuple[str, ...]:
     """The keys a config gives the proxy to hold: every credential `headers.set` value (and the
-    token after its scheme), clients' tokens, the admin token, profiles' credential values."""
+    token after its scheme), the keys of each route's key pool, clients' tokens, the admin
+    token, profiles' credential values."""
     found: list[str] = []
     for route in config.routes.values():
         for name, value in route.headers.set.items():
             if is_credential_name(name) and not empty_credential(name, value):
                 found += (value, value.partition(" ")[2].strip())
+        pool = route.section("keys")
+        found += pool.keys if pool is not None else ()
     found += (client.token for client in config.clients.values())
     if config.server.admin_token:
         found.append(config.server.admin_token)

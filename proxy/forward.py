@@ -14,10 +14,12 @@ from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 
 import aiohttp
+import structlog
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
 from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
+from policies import faults
 from policies.backoff import attempt_timeout
 from policies.core.clock import Clock
 from policies.core.errors import (
@@ -25,6 +27,7 @@ from policies.core.errors import (
     DeadlineExceeded,
     MemoryBudgetFull,
     OutOfTime,
+    ProxyError,
     StreamCut,
     UpstreamInvalidResponse,
     UpstreamPoolExhausted,
@@ -43,9 +46,14 @@ from proxy.pool import PoolFull, Slot, pool_slots
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
+log = structlog.get_logger("search_proxy")
+
 # Never copied from the agent: aiohttp derives Host from the URL and frames the body itself,
 # and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
 _REQUEST_DROP = PROXY_OWNED
+# Never sent to a vendor, on any route: the agent's request for an injected fault
+# (policies/faults.py reads it in the chain; a route without fault injection ignores it).
+_NEVER_SENT = faults.HEADER
 # aiohttp decodes compressed bodies, so the vendor's framing headers no longer describe them.
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
 # What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
@@ -187,11 +195,28 @@ class Upstream:
     async def _once(self, flow: Flow) -> Reply:
         budget = self._budget(flow)
         slot = await self._slot(flow, budget)
+        started = self.clock.now()
+        result: int | str = "cancelled"
         try:
-            return await self._exchange(flow, self._budget(flow), slot)
+            reply = await self._exchange(flow, self._budget(flow), slot)
+            result = reply.status
+            return reply
+        except ProxyError as err:
+            result = err.type
+            raise
         finally:
             if slot is not None:
                 slot.release()  # a no-op once a streamed reply took it over
+            # Each vendor call at debug: its route, method and status or failure, never its URL
+            # (a query may carry a key) or headers.
+            log.debug(
+                "upstream_call",
+                request_id=flow.request.request_id,
+                route=self.route,
+                method=flow.request.method,
+                result=result,
+                ms=round((self.clock.now() - started) * 1000, 1),
+            )
 
     def _budget(self, flow: Flow) -> float:
         """Seconds this attempt may take; OutOfTime when none are left."""
@@ -241,10 +266,14 @@ class Upstream:
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(budget):
+                outbound = request.headers
+                if _NEVER_SENT in outbound:
+                    outbound = outbound.copy()
+                    outbound.popall(_NEVER_SENT)
                 resp = await self.session.request(
                     request.method,
                     self.url(flow),
-                    headers=request.headers,
+                    headers=outbound,
                     data=request.body or None,
                     timeout=timeout,
                     allow_redirects=False,

@@ -17,7 +17,7 @@ TOOL_NAME = "web_search"
 # The tool's arguments: /v1/search's fields an LLM can use well, with the same names and rules.
 # Not offered: `queries` (one search per call), `providers` and `credentials` (the operator's
 # business), `safe_search`, and the LiteLLM / Perplexity aliases.
-ARGUMENTS = ("query", *(name for name in OPTION_NAMES if name != "safe_search"))
+ARGUMENTS = ("query", *(name for name in OPTION_NAMES if name != "safe_search"), "mode")
 _ARGUMENT_HELP = {
     "query": "What to search for, in plain words, as you would type it into a search engine.",
     "max_results": "How many results to return (1-{max}; default {default}).",
@@ -27,6 +27,8 @@ _ARGUMENT_HELP = {
     "topic": "general (web search, the default) or news.",
     "country": "ISO 3166-1 alpha-2 code (US, DE, GB): where results should come from.",
     "language": "ISO 639-1 code (en, de): the language results should be in.",
+    "mode": "first (default): one provider's results; merge: several providers' results, "
+    "deduplicated and ranked together (for breadth); race: the faster of two providers.",
 }
 DESCRIPTION = (
     "Search the web. Returns a numbered list of results (title, URL, snippet, and the date "
@@ -151,7 +153,8 @@ def render_text(answer: Mapping[str, Any]) -> str:
         if a["outcome"] != "results"
     ]
     if provider is not None:
-        source = f"Answered by {provider}"
+        merged = answer.get("providers") or [provider]
+        source = f"Answered by {', '.join(merged)}" + (" (merged)" if len(merged) > 1 else "")
         if answer["from_cache"]:
             age = answer["cache_age_s"]
             source += " from the proxy's cache" + (f" ({age} s old)" if age is not None else "")
@@ -176,7 +179,8 @@ def render_text(answer: Mapping[str, Any]) -> str:
 def _attempt_text(attempt: Mapping[str, Any]) -> str:
     """How a provider that did not answer fared, in a word or two (its status is in
     structuredContent: a refused connection has none of the vendor's)."""
-    return {"empty": "no results", "skipped": "skipped"}.get(attempt["outcome"], "failed")
+    words = {"empty": "no results", "skipped": "skipped", "cancelled": "cancelled"}
+    return words.get(str(attempt["outcome"]), "failed")
 
 
 def error_result(text: str) -> types.ServerResult:

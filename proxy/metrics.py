@@ -274,6 +274,29 @@ class Metrics:
             ["route", "result"],
             registry=r,
         )
+        self.key_calls = Counter(
+            "search_proxy_key_calls",
+            "Vendor calls made with each key of a route's key pool (key: a short hash, never "
+            "the key), by result: used (its answer went on), rate_limited or exhausted (the key "
+            "was benched and the call re-sent with another).",
+            ["route", "key", "result"],
+            registry=r,
+        )
+        self.keys_benched_total = Counter(
+            "search_proxy_keys_benched",
+            "Requests that found every key of the route's key pool benched (no call made; "
+            "failover takes over where configured).",
+            ["route"],
+            registry=r,
+        )
+        self.faults = Counter(
+            "search_proxy_faults_injected",
+            "Faults injected at an agent's request (X-Search-Proxy-Fault), by fault (a status, "
+            "timeout, empty, malformed, latency) and where (vendor, agent); never counted as "
+            "upstream attempts.",
+            ["route", "fault", "at"],
+            registry=r,
+        )
         self.stream_cuts = Counter(
             "search_proxy_stream_cuts",
             "Streamed answers cut after their status was sent, by reason: the upstream's failure "
@@ -449,6 +472,15 @@ class Metrics:
 
     def hedge(self, route: str, result: str) -> None:
         self.hedges.labels(route, result).inc()
+
+    def key_call(self, route: str, key: str, result: str) -> None:
+        self.key_calls.labels(route, key, result).inc()
+
+    def keys_benched(self, route: str) -> None:
+        self.keys_benched_total.labels(route).inc()
+
+    def fault(self, route: str, fault: str, at: str) -> None:
+        self.faults.labels(route, fault, at).inc()
 
     def stream_cut(self, route: str, reason: str) -> None:
         """A streamed answer was cut mid-way; `reason` is an error type or the agent's side."""

@@ -88,6 +88,16 @@ def openapi_document(
                 "description": "Route names to try, in order (default: search_api.providers); "
                 "search routes only, each at most once.",
             },
+            "mode": {
+                "type": "string",
+                "enum": ["first", "merge", "race"],
+                "default": "first",
+                "description": "first: providers in order, the first with results answers. "
+                "merge: up to search_api.merge_providers providers at once, their results "
+                "deduplicated by canonical URL and ranked by reciprocal rank fusion, each "
+                "listing `providers`. race: the first two providers at once, the first with "
+                "results answers and the other is cancelled (then the rest in order).",
+            },
             "time_range": {
                 "type": "string",
                 "enum": list(TIME_RANGES),
@@ -184,6 +194,11 @@ def openapi_document(
                 "description": "The vendor's rank of this result.",
             },
             "provider": {"type": "string", "description": "The provider that found it."},
+            "providers": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "mode: merge: every provider that found it, in the order asked.",
+            },
         },
     }
     attempt = {
@@ -193,7 +208,11 @@ def openapi_document(
         "properties": {
             "provider": {"type": "string"},
             "query": {"type": "string", "description": "The query sent (maybe simplified)."},
-            "outcome": {"type": "string", "enum": ["results", "empty", "failed", "skipped"]},
+            "outcome": {
+                "type": "string",
+                "enum": ["results", "empty", "failed", "skipped", "cancelled"],
+                "description": "cancelled: raced (mode: race) and another answered first.",
+            },
             "status": _nullable({"type": "integer"}),
             "ms": {"type": "number"},
             "dropped_options": {"type": "array", "items": {"type": "string"}},
@@ -234,6 +253,11 @@ def openapi_document(
             "from_cache": {"type": "boolean"},
             "cache_age_s": _nullable({"type": "integer"}),
             "attempts": {"type": "array", "items": {"$ref": "#/components/schemas/Attempt"}},
+            "providers": {
+                "type": "array",
+                "items": {"type": "string"},
+                "description": "mode: merge: the providers whose results are merged.",
+            },
         },
     }
     error = {

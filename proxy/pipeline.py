@@ -11,6 +11,7 @@ import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+from urllib.parse import urlencode
 
 import aiohttp
 from multidict import CIMultiDict
@@ -27,6 +28,7 @@ from policies.core.profile import VendorProfile
 from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Provider, SideRequest
+from policies.keypool import KeyPool
 from policies.retry import Retry
 from proxy.config import Config
 from proxy.forward import Upstream
@@ -47,6 +49,7 @@ class Route:
     profile: VendorProfile | None = None
     breaker: Breaker | None = None
     cache: StaleCache | None = None
+    keys: KeyPool | None = None  # the route's key pool (`keys:`), which puts a key on each call
     missing_key: str | None = None  # a credential header configured empty (unset ${VAR:-})
     key_variable: str | None = None  # the variable that header reads (TAVILY_API_KEY)
 
@@ -130,6 +133,12 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
         if body:
             headers["Content-Type"] = "application/json"
         path, _, query = target.partition("?")
+        if route is not None and route.keys is not None:  # a key of the pool, in its slot
+            name, value = route.keys.side_key()
+            if route.keys.slot.kind == "query":
+                query = "&".join(p for p in (query, urlencode({name: value})) if p)
+            else:
+                headers[name] = value
         now = deps.clock.now()
         flow = Flow.new(
             route=cfg.name,
@@ -185,12 +194,17 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
             cached=cfg.has("cache"),
         )
         profile = None  # no vendor dialect: the answers are JSON-RPC
+    keys = next((p for p in policies if isinstance(p, KeyPool)), None)
     missing = next((k for k, v in cfg.headers.set.items() if empty_credential(k, v)), None)
+    if cfg.has("keys"):  # the pool is the route's key, or with every key unset, none is
+        slot = profile.key_slot if keys is None and profile is not None else None
+        missing = None if keys is not None else (slot.name if slot else "keys")
     return Route(
         config=cfg,
         handler=handler,
         metrics=metrics,
         set_headers=tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v)),
+        keys=keys,
         missing_key=missing,
         key_variable=cfg.headers.variables.get(missing) if missing is not None else None,
         remove_headers=frozenset(h.lower() for h in cfg.headers.remove),

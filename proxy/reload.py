@@ -54,6 +54,7 @@ RESTART_ONLY = (
     "server.upstream_connections_per_host",
     "server.keepalive_timeout",
     "server.workers",
+    "server.event_loop",
     "redis",
     "log",
     "mcp_server.enabled",

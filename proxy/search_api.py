@@ -44,6 +44,7 @@ from proxy.errors import ProvidersExhausted, ProvidersRefused
 from proxy.metrics import Metrics
 from proxy.openapi import openapi_document
 from proxy.pipeline import Route, as_provider
+from proxy.search_modes import MODES, Mode, Part, merge, merged_results, race
 
 MAX_RESULTS = 50
 MAX_KEY_CHARS = 4096
@@ -67,6 +68,7 @@ FIELDS = (
     "queries",
     "max_results",
     "providers",
+    "mode",
     *OPTION_FIELDS,
     *ALIASES,
     *NOT_HONOURED,
@@ -143,6 +145,7 @@ class SearchCall:
     options: SearchOptions
     providers: tuple[str, ...]
     is_batch: bool
+    mode: Mode = "first"  # first: in order; merge, race: several at once (proxy/search_modes.py)
     # Unified option -> the field name the agent used (an alias), for dropped_options.
     sent_as: Mapping[str, str] = field(default_factory=dict)
     unsupported: tuple[str, ...] = ()  # accepted fields no provider honours
@@ -208,6 +211,9 @@ def parse_request(
             raise _field_error(f"providers[{i}]", f"is not a search provider ({_known(config)})")
         if p in providers[:i]:
             raise _field_error(f"providers[{i}]", f"repeats {p!r}: name each provider once")
+    mode = body.get("mode", "first")
+    if mode not in MODES:
+        raise _field_error("mode", f"must be one of {', '.join(MODES)}")
     options, sent_as = _options(body, max_results)
     unsupported = []
     for name in NOT_HONOURED:
@@ -221,6 +227,7 @@ def parse_request(
         options=options,
         providers=tuple(providers),
         is_batch=is_batch,
+        mode=mode,
         sent_as=sent_as,
         unsupported=tuple(unsupported),
         credentials=_credentials(body.get("credentials", {}), config, routes),
@@ -392,47 +399,95 @@ class SearchApi:
             trace.calls = calls.spent
 
     async def search(self, query: str, run: _Run) -> dict[str, Any]:
-        """Try providers in order; the first with results answers."""
-        call = run.call
-        search = Search(query, call.options)
+        """The first provider with results answers: in order (`mode: first`), the faster of
+        the first two (`race`, then the rest in order); or every provider's results merged."""
+        call, search = run.call, Search(query, run.call.options)
         tried: list[Tried] = []
-        for name in call.providers:
-            provider = self.providers[name]
-            wall = datetime.fromtimestamp(self.clock.wall(), UTC)
-            key = call.credentials.get(name)
-            answer = skipped(provider, search, own_key=key is not None) or await ask(
-                provider,
-                search,
-                request_id=run.request_id,
-                now=self.clock.now(),
-                wall=wall,
-                calls=run.calls,
-                key=key,
-                client=run.client,
-                deadline=run.deadline,
-            )
-            results = self._results(answer, search.count, wall)
-            part = "empty" if answer.part == "results" and not results else answer.part
-            tried.append(Tried.of(answer, part, call))
-            if part != "skipped" and name not in run.trace.providers:
-                run.trace.providers.append(name)
-            self.metrics.provider_fallbacks.labels(name, part).inc()
-            if part == "results":
-                age = dict(answer.cache_headers).get("Age")
-                return _answer(
-                    query,
-                    answer.query,
-                    answer.answered_by,
-                    results,
-                    tried[-1].dropped,
-                    answer.from_cache,
-                    int(age) if age and age.isdigit() else None,
-                    tried,
+        pending = list(call.providers)
+
+        async def ask(name: str) -> Part[Tried]:
+            return await self._ask(name, search, run)
+
+        def skip(name: str) -> Part[Tried] | None:
+            return self._skip(name, search, run)
+
+        if call.mode == "merge":
+            parts = await merge(pending, ask, skip, self.config.merge_providers)
+            tried = [p.report for p in parts]
+            results = merged_results(parts, search.count)
+            if results:
+                found = [p for p in parts if p.results]
+                answer = self._answered(query, found[0], tried, results)
+                answer["dropped_options"] = list(
+                    dict.fromkeys(d for p in found for d in p.report.dropped)
                 )
-        failures = [t for t in tried if t.outcome in ("failed", "skipped")]
+                return {**answer, "providers": [p.answer.provider for p in found]}
+            pending = []
+        elif call.mode == "race":
+            winner, parts = await race(pending, ask, skip, lambda n: self._cancelled(n, search))
+            tried = [p.report for p in parts]
+            if winner is not None:
+                return self._answered(query, winner, tried, winner.results)
+        for name in pending:
+            part = skip(name) or await ask(name)
+            tried.append(part.report)
+            if part.results:
+                return self._answered(query, part, tried, part.results)
+        failures = [t for t in tried if t.outcome in ("failed", "skipped", "cancelled")]
         if len(failures) < len(tried):  # somebody answered, with nothing found
             return _answer(query, query, None, [], (), False, None, tried)
         raise _all_failed(tried)
+
+    def _skip(self, name: str, search: Search, run: _Run) -> Part[Tried] | None:
+        """The part of a provider that is not asked now (no key, circuit open), or None."""
+        own_key = name in run.call.credentials
+        answer = skipped(self.providers[name], search, own_key=own_key)
+        return None if answer is None else self._part(answer, [], run)
+
+    async def _ask(self, name: str, search: Search, run: _Run) -> Part[Tried]:
+        """Ask one provider through its route; its part, results normalised."""
+        wall = datetime.fromtimestamp(self.clock.wall(), UTC)
+        answer = await ask(
+            self.providers[name],
+            search,
+            request_id=run.request_id,
+            now=self.clock.now(),
+            wall=wall,
+            calls=run.calls,
+            key=run.call.credentials.get(name),
+            client=run.client,
+            deadline=run.deadline,
+        )
+        return self._part(answer, self._results(answer, search.count, wall), run)
+
+    def _part(self, answer: Answer, results: list[dict[str, Any]], run: _Run) -> Part[Tried]:
+        part = "empty" if answer.part == "results" and not results else answer.part
+        if part != "skipped" and answer.provider not in run.trace.providers:
+            run.trace.providers.append(answer.provider)
+        self.metrics.provider_fallbacks.labels(answer.provider, part).inc()
+        return Part(answer, results, Tried.of(answer, part, run.call))
+
+    def _cancelled(self, name: str, search: Search) -> Part[Tried]:
+        """A raced provider that lost: its call was cancelled."""
+        self.metrics.provider_fallbacks.labels(name, "cancelled").inc()
+        answer = Answer(name, "failed", search.query, reason="cancelled: another answered first")
+        return Part(answer, [], Tried(name, search.query, "cancelled", None, 0.0, answer.reason))
+
+    def _answered(
+        self, query: str, part: Part[Tried], tried: list[Tried], results: list[dict[str, Any]]
+    ) -> dict[str, Any]:
+        answer = part.answer
+        age = dict(answer.cache_headers).get("Age")
+        return _answer(
+            query,
+            answer.query,
+            answer.answered_by,
+            results,
+            part.report.dropped,
+            answer.from_cache,
+            int(age) if age and age.isdigit() else None,
+            tried,
+        )
 
     def _results(self, answer: Answer, count: int, now: datetime) -> list[dict[str, Any]]:
         """A provider's results, normalised (deduplicated, blocked domains and file types left

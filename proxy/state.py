@@ -17,7 +17,6 @@ from proxy.direct import DirectHooks
 from proxy.echo import EchoGuard
 from proxy.fetch_api import FetchApi
 from proxy.generation import Generation
-from proxy.mcp_fetch import FetchTool
 from proxy.mcp_server import McpEndpoint
 from proxy.metrics import Metrics, RouteMetrics
 from proxy.pipeline import Route
@@ -84,9 +83,12 @@ class ProxyState:
         self.clients = generation.clients
         self.echo = generation.echo
         if self.mcp is not None:
-            self.mcp.use(generation.search_api, generation.clients, generation.config.mcp_server)
-            fetch = generation.fetch_api  # fetch_page beside web_search
-            self.mcp.fetch = FetchTool(fetch, generation.clients) if fetch.enabled else None
+            self.mcp.use(
+                generation.search_api,
+                generation.clients,
+                generation.config.mcp_server,
+                generation.fetch_api,  # fetch_page beside web_search
+            )
         if self.series is not None:
             self.series.declare(self.routes, self.config.search_api.providers)
         if self.pulse is not None:

@@ -451,6 +451,67 @@ async def test_a_waiting_request_is_admitted_when_a_probe_closes_the_circuit() -
         await breaker.stop()
 
 
+async def test_with_a_fallback_to_ask_an_open_circuit_refuses_at_once_despite_a_probe() -> None:
+    """A fallback answers now: hoping a probe closes the circuit within max_wait is not worth
+    the wait (Context.wait_at_most, set by failover)."""
+    clock = SteppedClock()
+    config = BreakerConfig(
+        fail_max=1, open_initial=10.0, reset_timeout=60.0, max_wait=1.5, probe=PROBED.probe
+    )
+    breaker = Breaker(ROUTE, config, clock, send_probe=Prober([200]))
+    await breaker.start()
+    try:
+        await fail(breaker, Upstream())
+        flow = make_flow()
+        flow.context.wait_at_most = 0.25
+        with pytest.raises(CircuitOpen):
+            await breaker.handle(flow, Upstream())
+        assert flow.trace.waited_seconds == 0.0
+    finally:
+        await breaker.stop()
+
+
+async def test_a_slow_start_place_beyond_wait_at_most_is_refused_for_the_fallback() -> None:
+    clock = ManualClock()
+    config = BreakerConfig(fail_max=1, reset_timeout=1.0, slow_start=2.0)
+    breaker = Breaker(ROUTE, config, clock)
+    await fail(breaker, Upstream())
+    clock.advance(1.0)
+    await answer(breaker, Upstream())  # closed: the ramp starts; the first place is 1.24 s in
+    flow = make_flow()
+    flow.context.wait_at_most = 0.25
+    with pytest.raises(CircuitOpen) as info:
+        await breaker.handle(flow, Upstream())
+    assert info.value.headers == {"X-Circuit": "slow-start"} and clock.sleeps == []
+    reply = await breaker.handle(make_flow(), Upstream())  # no fallback: it waits its place
+    assert reply.status == 200 and clock.sleeps and clock.sleeps[0] < 2.0
+
+
+@pytest.mark.parametrize(("probe", "halted"), [(PROBED.probe, True), (None, False)])
+async def test_a_trial_is_one_attempt_while_an_active_probe_watches_the_vendor(
+    probe: ProbeConfig | None, halted: bool
+) -> None:
+    """The probe tells when the vendor is back: a half-open trial need not retry, so an outage
+    costs one search per trial rather than one per attempt."""
+    clock = SteppedClock()
+    config = BreakerConfig(fail_max=1, open_initial=1.0, reset_timeout=60.0, probe=probe)
+    breaker = Breaker(ROUTE, config, clock, send_probe=Prober([503]))
+    await breaker.start()
+    try:
+        await fail(breaker, Upstream())
+        clock.advance(1.0)  # the opening is over (the probe failed meanwhile)
+        seen: list[bool] = []
+
+        async def trial(flow: Flow) -> Reply:
+            seen.append(breaker.halts_retries())
+            return Reply(503, CIMultiDict())
+
+        await breaker.handle(make_flow(), trial)
+        assert seen == [halted]
+    finally:
+        await breaker.stop()
+
+
 # -- replicas sharing Redis ----------------------------------------------------------------------
 
 

@@ -1038,7 +1038,8 @@ def test_dockerfile_essentials() -> None:
     assert image_command()[0] == "search-proxy"
     assert ("STOPSIGNAL", "SIGTERM") in instructions
     assert ("COPY", f"deploy/config.yaml {image_config_path()}") in instructions
-    assert any(i == "RUN" and "pip install ." in a for i, a in instructions)
+    # The image runs on uvloop (server.event_loop: auto): the package with its `fast` extra.
+    assert any(i == "RUN" and "pip install '.[fast]'" in a for i, a in instructions)
 
 
 def context_files() -> list[Path]:

@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import aiohttp
+import pytest
 
 from testkit.fakevendor import Fault
 from testkit.procs import ROOT, free_port
@@ -85,9 +86,11 @@ async def test_credentials_are_redacted_in_log_lines(vendor):
         assert secret not in everything
 
 
-async def test_sigterm_drains_in_flight_requests_then_exits_0(vendor):
+@pytest.mark.parametrize("loop", ["asyncio", "uvloop"])
+async def test_sigterm_drains_in_flight_requests_then_exits_0(vendor, loop):
+    """On each event loop `server.event_loop` can name (the listening line says which runs)."""
     config = {
-        "server": {"shutdown_grace": "5s"},
+        "server": {"shutdown_grace": "5s", "event_loop": loop},
         "routes": {"v": route(vendor.url + "/tavily", "/v")},
     }
     vendor.script(Fault.hang(0.3))
@@ -108,6 +111,7 @@ async def test_sigterm_drains_in_flight_requests_then_exits_0(vendor):
         except aiohttp.ClientConnectionError:
             pass
     assert proxy.events("stopped")
+    assert [e["event_loop"] for e in proxy.events("listening")] == [loop]
 
 
 def test_check_config_help_prints_its_usage_and_exits_0():
@@ -172,3 +176,15 @@ def test_make_run_passes_port_admin_port_and_host_only_when_given():
         f"{serve} config.yaml --port 9000 --admin-port 9001"
     )
     assert dry_run(ADMIN_PORT="9001") == f"{serve} config.yaml"  # environment ignored
+
+
+def test_uvloop_named_but_not_installed_is_a_config_error(monkeypatch):
+    from proxy import loops
+    from proxy.config import ConfigError, parse_config
+
+    monkeypatch.setattr(loops, "uvloop_installed", lambda: False)
+    raw = {"server": {"event_loop": "uvloop"}, "routes": {"v": route("http://127.0.0.1:1", "/v")}}
+    with pytest.raises(ConfigError) as info:
+        parse_config(raw, {})
+    assert str(info.value).startswith("server.event_loop: uvloop is not installed: pip install")
+    assert loops.chosen("auto") == "asyncio"  # auto falls back to asyncio's own loop

@@ -20,6 +20,9 @@ from policies.core.flow import Flow
 # Slow-start places: the golden-ratio sequence spreads any number of requests evenly over [0, 1).
 _GOLDEN: Final = (math.sqrt(5) - 1) / 2
 
+# Float sums of a clock and a wait land a few ulps off: a place this close is reached.
+_EPSILON: Final = 1e-9
+
 # A request waiting for a fleet-wide probe slot looks again this often: a slot freed on another
 # replica without a decision (a tolerated failure) announces itself to nobody.
 _SLOT_POLL: Final = 0.25
@@ -93,24 +96,28 @@ class Admission:
                 if place is None:
                     place = self._place = (self._place + _GOLDEN) % 1.0
                 delay = circuit.slow_start_wait(place, now)
-                if delay <= 0:
+                if delay <= _EPSILON:
                     flow.trace.breaker = CLOSED
                     return Ticket(circuit.epoch)
-                # The ramp must leave the call itself at least as much time as it takes.
-                if delay > (flow.context.deadline - now) / 2:
+                # The ramp must leave the call itself at least as much time as it takes, and
+                # wait no longer than a fallback would take to answer (wait_at_most).
+                if delay > min((flow.context.deadline - now) / 2, flow.context.wait_at_most):
                     raise self._ramp_refusal(flow, delay)
                 await self._pause(flow, delay)
                 continue
             if hold_until is None:
-                hold_until = now + max(0.0, min(config.max_wait, (flow.context.deadline - now) / 2))
+                allowed = min(config.max_wait, (flow.context.deadline - now) / 2)
+                hold_until = now + max(0.0, min(allowed, flow.context.wait_at_most))
             left = hold_until - now
             if state == OPEN:
                 until = circuit.seconds_until_half_open(now)
                 if until <= 0:
                     self._apply(circuit.half_open(now))
                     continue
-                # Only the end of the opening, or an active probe, can admit it sooner.
-                if left <= 0 or (until > left and not self._probing()):
+                # Only the end of the opening, or an active probe, can admit it sooner; with a
+                # fallback to ask (a finite wait_at_most), hoping for a probe is not worth it.
+                hoping = self._probing() and math.isinf(flow.context.wait_at_most)
+                if left <= 0 or (until > left and not hoping):
                     raise self._refusal(flow, until)
                 await self._pause(flow, min(until, left))
                 continue
@@ -157,7 +164,9 @@ class Admission:
             await asyncio.wait((sleep, change), return_when=asyncio.FIRST_COMPLETED)
         finally:
             sleep.cancel()
-            flow.trace.waited_seconds += self._clock.now() - started
+            waited = self._clock.now() - started
+            flow.trace.waited_seconds += waited
+            flow.context.waited(waited)
 
     def _refusal(self, flow: Flow, retry_after: float) -> CircuitOpen:
         flow.trace.breaker = OPEN

@@ -5,9 +5,10 @@ from __future__ import annotations
 import json
 import math
 from dataclasses import dataclass
-from typing import Any, Final
+from typing import Any, Final, Literal
 
 from policies.core.errors import seconds_text
+from policies.core.profile import HealthCall
 from policies.core.section import Section, plain
 from policies.core.settings import (
     PATH_CHARS,
@@ -57,7 +58,9 @@ class BreakerConfig:
     half_open_probes: int = 1  # probes admitted at once, fleet-wide
     max_wait: float = 0.0  # how long a request may wait to be admitted; 0: refused at once
     slow_start: float = 0.0  # seconds over which a closed circuit readmits traffic; 0: at once
-    probe: ProbeConfig | None = None  # an active probe while open; None: only half-open requests
+    # An active probe while open. None: the vendor's free call when its profile has one and
+    # the route its own key (`vendor_probe`), else none; False: none.
+    probe: ProbeConfig | Literal[False] | None = None
 
     def open_seconds(self, level: int) -> float:
         """How long the `level`-th consecutive opening lasts (1: the first)."""
@@ -108,7 +111,9 @@ def parse(raw: Any, path: str) -> BreakerConfig:
     return cfg
 
 
-def _probe(raw: Any, path: str) -> ProbeConfig:
+def _probe(raw: Any, path: str) -> ProbeConfig | Literal[False]:
+    if raw is False:
+        return False  # not even the vendor's free call
     return section(
         raw,
         path,
@@ -158,10 +163,21 @@ def _probe_body(value: Any, path: str) -> str:
     raise ConfigError(path, f"expected a mapping or JSON text, got {value!r}")
 
 
+# How often the vendor's free call probes an open circuit when the route says nothing.
+VENDOR_PROBE_EVERY: Final = 1.0
+
+
+def vendor_probe(health: HealthCall | None) -> ProbeConfig | None:
+    """The probe a route's breaker runs by default: its vendor's free call, once a second."""
+    if health is None:
+        return None
+    return ProbeConfig(VENDOR_PROBE_EVERY, health.method, health.path, expect=health.expect)
+
+
 def document(cfg: BreakerConfig) -> Any:
     """The YAML form `parse` reads back into `cfg`."""
     doc = plain(cfg)
-    if cfg.probe is not None and not cfg.probe.body:
+    if isinstance(cfg.probe, ProbeConfig) and not cfg.probe.body:
         del doc["probe"]["body"]  # no body: "" is not the JSON text the key takes
     return doc
 

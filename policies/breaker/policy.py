@@ -6,14 +6,16 @@ from __future__ import annotations
 import asyncio
 import secrets
 from contextvars import ContextVar
+from dataclasses import replace
 
 from policies.breaker.admission import Admission, Ticket, Waiters
-from policies.breaker.config import SECTION, BreakerConfig, ProbeConfig
+from policies.breaker.config import SECTION, BreakerConfig, ProbeConfig, vendor_probe
 from policies.breaker.fleet import Fleet, RedisBreakerState
 from policies.breaker.machine import Change, Circuit
 from policies.breaker.probe import ActiveProbe, ProbeLease, ProbeSender
 from policies.breaker.snapshot import CLOSED
 from policies.core.clock import SYSTEM_CLOCK, Clock
+from policies.core.credentials import injects_key
 from policies.core.errors import VendorFailure
 from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
@@ -62,7 +64,7 @@ class Breaker:
             shared = RedisBreakerState(link, route, config.half_open_probes, probe_lease)
             self._fleet = Fleet(route, shared, self._circuit, clock, self._apply, sync_interval)
         self._probe = None
-        if send_probe is not None and config.probe is not None:
+        if send_probe is not None and isinstance(config.probe, ProbeConfig):
             lease = ProbeLease(link, route) if link is not None else None
             self._probe = ActiveProbe(
                 route,
@@ -95,9 +97,13 @@ class Breaker:
     def halts_retries(self) -> bool:
         """Whether the request being handled should stop retrying: the circuit is open, or it
         is half-open and the request is not one of its probes (it was admitted before the trip;
-        with short openings its retry would otherwise land as an extra, ungated probe)."""
+        with short openings its retry would otherwise land as an extra, ungated probe), or is
+        one while an active probe watches the vendor (the probe tells recovery: a trial is one
+        search, not one per retry)."""
         admitted = _ADMITTED.get()
         epoch = admitted[1] if admitted is not None and admitted[0] is self else None
+        if self._circuit.state != CLOSED and self._probing():
+            return True
         return self._circuit.halts_retries(epoch)
 
     def seconds_in_state(self) -> float:
@@ -123,14 +129,16 @@ class Breaker:
             reply = await call_next(flow)
         except VendorFailure:
             # Our own refusals and the agent's faults are no evidence about the vendor: they
-            # neither count nor reset the count.
-            self._record(epoch, failed=True)
+            # neither count nor reset the count; nor does a request testing injected faults.
+            if not flow.context.fault_test:
+                self._record(epoch, failed=True)
             raise
         finally:
             _ADMITTED.reset(admitted)
             if ticket is not None:
                 self._admission.leave(ticket)
-        self._record(epoch, failed=Outcome.of_status(reply.status).is_vendor_failure)
+        if not flow.context.fault_test:
+            self._record(epoch, failed=Outcome.of_status(reply.status).is_vendor_failure)
         return reply
 
     async def start(self) -> None:
@@ -196,6 +204,11 @@ def probe_sender(probe: ProbeConfig, send: SideRequest) -> ProbeSender:
 
 def build(cfg: BreakerConfig, route: Build) -> Breaker:
     r = route.route
+    probe = cfg.probe
+    if probe is None and route.profile is not None and _own_key(route):
+        # The vendor's free call (Tavily's usage): recovery seen within a second, no credits.
+        probe = vendor_probe(route.profile.health)
+    cfg = replace(cfg, probe=probe or None)
     # A reload keeps the breaker (its state and background tasks) while its section and the
     # upstream it judges (and probes) are unchanged; the probe's headers are read when sent.
     breaker = route.keep(
@@ -209,13 +222,20 @@ def build(cfg: BreakerConfig, route: Build) -> Breaker:
             route.redis,
             # A probe's fleet-wide slot lasts as long as the probe itself may.
             probe_lease=r.timeouts.total,
-            send_probe=probe_sender(cfg.probe, route.side_request) if cfg.probe else None,
+            send_probe=probe_sender(probe, route.side_request) if probe else None,
         ),
     )
     # The retry loop stops once the breaker opens: its retries would only hit a vendor known
     # to be down.
     route.halt_retries = breaker.halts_retries
     return breaker
+
+
+def _own_key(route: Build) -> bool:
+    """Whether the route calls its vendor with a key of its own (headers.set or keys): the
+    probe goes with it, and without one the vendor's free call would only answer 401."""
+    keys = route.route.section("keys")
+    return injects_key(route.route.headers.set) or bool(keys and keys.keys)
 
 
 LINK = Link("breaker", SECTION, build)

@@ -26,7 +26,7 @@ from policies.cache.key import (
     request_directives,
     session_traffic,
 )
-from policies.cache.lock import FetchLock, Lease, LockState
+from policies.cache.lock import NO_LEASE, FetchLock, Lease, LockState
 from policies.cache.store import CacheStore, Cleared
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.errors import ClientFault, LocalRefusal, ProxyError
@@ -112,7 +112,10 @@ class StaleCache:
             request.client,
             self.known,
         )
-        pending = self._inflight.get(key)
+        # A request testing injected faults reads the cache, but shares no vendor call with
+        # other requests and stores nothing: its answers are not the vendor's.
+        testing = flow.context.fault_test
+        pending = None if testing else self._inflight.get(key)
         if pending is not None:
             return await self._follow(flow, call_next, pending)
 
@@ -136,6 +139,10 @@ class StaleCache:
             else:
                 fwd = "request" if state is Freshness.FRESH else "stale"
 
+        if testing:
+            if lease.state is LockState.ACQUIRED:  # the lookup took it; this call shares nothing
+                await self.fetch_lock.release(key, lease)
+            return await self._fetch(flow, call_next, key, entry, fwd, NO_LEASE, shared=False)
         # The lookup may have yielded to another identical request that is now fetching.
         pending = self._inflight.get(key)
         if pending is not None:
@@ -218,7 +225,11 @@ class StaleCache:
         fallback: Entry | None,
         fwd: str,
         lease: Lease,
+        *,
+        shared: bool = True,
     ) -> Reply:
+        """Call the vendor under `lease` (the cross-replica lock); with `shared`, storing the
+        answer."""
         if lease.state is LockState.HELD:
             arrived = await self.fetch_lock.wait(key, flow.context.deadline, fallback)
             if arrived is not None:
@@ -248,7 +259,7 @@ class StaleCache:
                 if stale is not None:
                     reply.discard()
                     return stale
-            elif self._storable(reply):
+            elif shared and self._storable(reply):
                 entry = entry_from_reply(reply, self.clock.wall())
                 await self.store.put(key, entry, unlock=lease.token or None)
                 stored = True

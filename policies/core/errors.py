@@ -28,6 +28,7 @@ class ProxyError(Exception):
     status: ClassVar[int] = 502
     type: ClassVar[str] = "proxy_error"
     summary: ClassVar[str] = ""  # the default `reason`; else the type in words
+    injected: ClassVar[bool] = False  # a fault the agent asked for (fault injection)
 
     def __init__(
         self,
@@ -137,6 +138,15 @@ class QuotaExceeded(RateLimited):
 
     type = "quota_exceeded"
     summary = "daily quota used"
+
+
+class KeysBenched(LocalRefusal):
+    """Every key of the route's key pool is benched (paused by the vendor, or out of credits):
+    no call is made; `retry_after_s` is when the first is free again. Failover takes over."""
+
+    status = 429
+    type = "keys_benched"
+    summary = "every key benched"
 
 
 class UpstreamPoolExhausted(LocalRefusal):
@@ -258,9 +268,10 @@ class StreamCut(Exception):
 
 
 def is_rate_limit(err: ProxyError) -> bool:
-    """A 429 of the proxy's: its limiter or a quota refused, or the vendor asked for a longer
-    wait than the route allows. Vendors' error shapes give it their own rate-limit code."""
-    return isinstance(err, RateLimited | UpstreamRetryAfterTooLong)
+    """A 429 of the proxy's: its limiter or a quota refused, the vendor asked for a longer wait
+    than the route allows, every key of a pool is benched (or an agent injected one). Vendors'
+    error shapes give it their own rate-limit code."""
+    return err.status == 429
 
 
 def seconds_text(seconds: float) -> str:

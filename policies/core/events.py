@@ -51,6 +51,17 @@ class Events(Protocol):
         """A hedged attempt ended: won, lost (failed), cancelled (another won); refused: the
         budget or the fallback's state stopped one from being sent."""
 
+    def key_call(self, route: str, key: str, result: str) -> None:
+        """A vendor call made with key `key` (its short hash) of the route's pool: result is
+        used (its answer went on), rate_limited or exhausted (the key was benched)."""
+
+    def keys_benched(self, route: str) -> None:
+        """A request found every key of the route's pool benched: no call was made for it."""
+
+    def fault(self, route: str, fault: str, at: str) -> None:
+        """A fault the agent asked for was injected (fault injection): `fault` is its kind
+        (a status, timeout, empty, malformed, latency), `at` vendor or agent."""
+
     def redis_state(self, up: bool) -> None:
         """Redis became reachable (True) or unreachable (False); shared state degrades meanwhile."""
 
@@ -98,6 +109,15 @@ class NullEvents:
         pass
 
     def hedge(self, route: str, result: str) -> None:
+        pass
+
+    def key_call(self, route: str, key: str, result: str) -> None:
+        pass
+
+    def keys_benched(self, route: str) -> None:
+        pass
+
+    def fault(self, route: str, fault: str, at: str) -> None:
         pass
 
     def redis_state(self, up: bool) -> None:

@@ -9,6 +9,7 @@ append-only trace, which the server turns into answer headers and a log line.
 
 from __future__ import annotations
 
+import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
@@ -33,6 +34,7 @@ class Reply:
     # What to send the agent before the connection closes when this stream is cut mid-way
     # (an SSE error event, an MCP JSON-RPC error); None: the server's default for the type.
     cut_tail: Callable[[Exception], bytes] | None = None
+    injected: bool = False  # a fault the agent asked for (fault injection), not the vendor's
 
     def discard(self) -> None:
         """Give back the upstream connection of a reply we will not send."""
@@ -91,6 +93,8 @@ class Request:
     # What the cache keys on instead of `body`, when the body carries per-call noise (an MCP
     # tools/call's JSON-RPC id and progress token); None: the body itself.
     key_body: bytes | None = None
+    # The caller's own key for this vendor (/v1/search `credentials`): a key pool leaves it be.
+    own_key: bool = False
 
 
 @dataclass(slots=True)
@@ -107,6 +111,19 @@ class Context:
     # Where interim messages of a long answer go while it is still running (an MCP server's
     # progress notifications), relayed to the agent at once; None: they are dropped.
     interim: Callable[[bytes], Awaitable[None]] | None = None
+    # How much longer the policies may hold the request for the vendor, in all (failed
+    # attempts, a Retry-After or backoff, the limiter's queue, the breaker's max_wait or slow
+    # start, a benched key), before they fail it so failover answers now; set by failover while
+    # a fallback can be asked, spent by each (`waited`); without a fallback no bound but the
+    # deadline.
+    wait_at_most: float = math.inf
+    # The agent asked for injected faults (X-Search-Proxy-Fault): the request stays out of what
+    # the route shares with other callers (breaker counts, limiter pauses, cache entries, benches).
+    fault_test: bool = False
+
+    def waited(self, seconds: float) -> None:
+        """A policy held the request `seconds` for its vendor: that much less may follow."""
+        self.wait_at_most = max(0.0, self.wait_at_most - seconds)
 
 
 @dataclass(slots=True)

@@ -153,6 +153,16 @@ class McpPreset:
         object.__setattr__(self, "search_tools", MappingProxyType(dict(self.search_tools)))
 
 
+@dataclass(frozen=True, slots=True)
+class HealthCall:
+    """A call of the vendor's that costs no credits and answers `expect` while its API is up
+    (Tavily's usage endpoint): what a route's breaker probes with unless told otherwise."""
+
+    method: str
+    path: str  # under the route's upstream, with an optional ?query
+    expect: frozenset[int] = frozenset({200})
+
+
 # (a proxy error, the request id) -> the body a vendor's SDK reads its own errors from
 ErrorShape = Callable[[ProxyError, str], dict[str, Any]]
 
@@ -207,6 +217,7 @@ class VendorProfile:
     error_shape: ErrorShape | None = None  # None: the proxy's own `{"error": {...}}`
     mcp: McpPreset | None = None  # the vendor's remote MCP server, where it has one
     extract: ExtractApi | None = None  # its API reading pages by URL (/v1/fetch), where it has one
+    health: HealthCall | None = None  # a free call for the breaker's active probe, if any
     # The built-in this profile `extends` ("" for a built-in, or a profile from scratch), so the
     # effective config shows it; nothing decides by it.
     family: str = dataclasses.field(default="", compare=False)

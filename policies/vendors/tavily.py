@@ -24,6 +24,7 @@ from policies.core.profile import (
     AnswerTemplate,
     CredentialSlot,
     DetailFields,
+    HealthCall,
     McpPreset,
     QueryLocation,
     VendorProfile,
@@ -146,4 +147,7 @@ TAVILY = VendorProfile(
     ),
     # Up to 20 URLs a call (Tavily's documented limit).
     extract=ExtractApi(batch=20, build=_extract, read=_read_extract),
+    # The key's and account's usage (GET /usage): no credits spent, so the breaker may probe it
+    # every second while searches fail.
+    health=HealthCall("GET", "/usage"),
 )

@@ -11,7 +11,7 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
-from policies import ratelimit, search
+from policies import faults, keypool, ratelimit, search
 from policies.core.route import HeaderRules, RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
@@ -157,6 +157,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         ordered = tuple(r.name for r in routes.values() if r.has(search.SECTION.key))
         search_api = replace(search_api, providers=ordered)
 
+    collect.errors += _agent_sections(routes, profiles, data.get("clients"))
+
     if data.get("clients"):  # checked even when a client is broken: it has its own errors
         for name, route in routes.items():
             limit = route.get(ratelimit.SECTION)
@@ -214,3 +216,37 @@ def _with_variables(
         if (found := sources.get(f"{route}.headers.set.{name}"))
     }
     return replace(headers, variables=MappingProxyType(read)) if read else headers
+
+
+def _agent_sections(
+    routes: Mapping[str, RouteConfig], profiles: Mapping[str, Any], clients: Any
+) -> list[ConfigError]:
+    """What `keys` and `fault_injection` say of the rest of the document: a pool's keys go where
+    its vendor takes one (and nothing else sets that header); injection's clients exist."""
+    errors = []
+    known = set(clients) if isinstance(clients, dict) else set()
+    for name, route in routes.items():
+        keys, searching = route.get(keypool.SECTION), route.get(search.SECTION)
+        if keys is not None and searching is not None and searching.vendor in profiles:
+            slot = profiles[searching.vendor].key_slot
+            where = f"routes.{name}.keys"
+            if slot is None:
+                errors.append(ConfigError(where, f"{searching.vendor} takes no API key"))
+            elif any(h.lower() == slot.name.lower() for h in route.headers.set):
+                errors.append(
+                    ConfigError(
+                        where,
+                        f"headers.set also sets {slot.name}, where the keys go: set the "
+                        "keys in one place",
+                    )
+                )
+        injection = route.get(faults.SECTION)
+        for i, client in enumerate(injection.clients or () if injection else ()):
+            if client not in known:
+                errors.append(
+                    ConfigError(
+                        f"routes.{name}.fault_injection.clients[{i}]",
+                        f"{client!r} is not a client under clients:",
+                    )
+                )
+    return errors

@@ -44,10 +44,13 @@ from policies.core.settings import (
 )
 from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
+from proxy.loops import parse_event_loop
 from proxy.redact import redact_url
 
 # A tool call the proxy answers itself: past ten minutes no MCP client is still waiting.
 MAX_CALL_TIMEOUT = 600.0
+# The most providers `mode: merge` asks at once: every configured vendor, with room to spare.
+MAX_MERGED = 20
 # Upper bounds of search_api.max_batch and max_calls_per_request: a batch is answered in one
 # response, and every call it makes holds an upstream connection.
 MAX_BATCH_LIMIT = 100
@@ -82,6 +85,8 @@ class ServerConfig:
     # Reload when the config file changes (proxy/reload.py); SIGHUP and POST /admin/reload
     # reload whatever this says.
     watch_config: bool = True
+    # The event loop: uvloop when it is installed (auto), or the one named (proxy/loops.py).
+    event_loop: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -101,6 +106,7 @@ class SearchApiConfig:
     max_batch: int = 20
     max_providers: int | None = None
     max_calls_per_request: int = 100
+    merge_providers: int = 3  # `mode: merge` asks this many providers at once
 
 
 @dataclass(frozen=True)
@@ -167,6 +173,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "max_connections": whole_in(1),
             "max_connections_per_peer": whole_in(1),
             "watch_config": boolean,
+            "event_loop": parse_event_loop,
         },
     )
     if cfg.max_body_bytes > cfg.max_buffered_bytes:
@@ -356,6 +363,7 @@ def parse_search_api(raw: Any, path: str) -> SearchApiConfig:
             "max_batch": whole_in(1, MAX_BATCH_LIMIT),
             "max_providers": whole_in(1),
             "max_calls_per_request": whole_in(1, MAX_CALLS_LIMIT),
+            "merge_providers": whole_in(2, MAX_MERGED),
         },
     )
     if cfg.max_calls_per_request < cfg.max_batch:

@@ -48,8 +48,9 @@ def as_document(config: Config) -> dict[str, Any]:
 def redacted(config: Config) -> dict[str, Any]:
     """`as_document(config)` with secrets replaced by "<redacted>", a placeholder to fill in:
     credential-named server settings (admin_token), the Redis URL's userinfo and credential
-    parameters (`?password=`), Redis passwords, every `headers.set` value, and a custom profile's
-    credential-named search headers and fields (the rule of policies/core/credentials.py)."""
+    parameters (`?password=`), Redis passwords, every `headers.set` value, each key of a route's
+    `keys` (`<redacted>#1`, `#2` ...), and a custom profile's credential-named search headers
+    and fields (the rule of policies/core/credentials.py)."""
     doc = as_document(config)
     _redact_keys(doc["server"])
     redis = doc.get("redis", {})
@@ -60,6 +61,9 @@ def redacted(config: Config) -> dict[str, Any]:
             holder["password"] = REDACTED
     for route in doc["routes"].values():
         route["headers"]["set"] = dict.fromkeys(route["headers"]["set"], REDACTED)
+        if "keys" in route:
+            # Numbered, so the placeholders read back as distinct keys.
+            route["keys"] = [f"{REDACTED}#{i}" for i in range(1, len(route["keys"]) + 1)]
     for client in doc.get("clients", {}).values():
         client["token"] = REDACTED
     for profile in doc.get("profiles", {}).values():
@@ -70,12 +74,15 @@ def redacted(config: Config) -> dict[str, Any]:
 
 def secret_values(config: Config) -> tuple[str, ...]:
     """The secrets a config holds, for the logs to hide wherever they turn up: every
-    `headers.set` value (and the token after its scheme, `Bearer <token>`), the admin token,
-    Redis's passwords (URL and keys), clients' tokens, and profiles' credential-named values."""
+    `headers.set` value (and the token after its scheme, `Bearer <token>`), the keys of each
+    route's key pool, the admin token, Redis's passwords (URL and keys), clients' tokens, and
+    profiles' credential-named values."""
     found: list[str] = []
     for route in config.routes.values():
         for value in route.headers.set.values():
             found += (value, value.partition(" ")[2].strip())
+        keys = route.section("keys")
+        found += keys.keys if keys is not None else ()
     if config.server.admin_token:
         found.append(config.server.admin_token)
     if config.redis is not None:

@@ -232,6 +232,9 @@ class FakeVendor(Modes):
         ):
             for path in paths:
                 r.add_post(path, self._extract_handler(vendor))
+        # Tavily's usage call (free: what the breaker probes), bare and under its prefix
+        r.add_get("/usage", self._usage)
+        r.add_get("/tavily/usage", self._usage)
         # utility routes
         r.add_route("*", "/echo", self._echo)
         r.add_route("*", "/echo/{tail:.*}", self._echo)
@@ -434,6 +437,21 @@ class FakeVendor(Modes):
         if mode == "missing_results":
             del payload["organic"]
         return payload
+
+    async def _usage(self, request: web.Request) -> web.StreamResponse:
+        """Tavily's GET /usage: the key's and account's usage. It goes through the same faults
+        as searches (down, a 429 storm, hangs), as one API's endpoints fail together."""
+        rec = self._record(request, await request.read(), "usage")
+        # Scripted faults are for searches: a probe must not take one a test queued.
+        resp, fault = await self._prelude(request, rec, self._decide(rec, scripted=False))
+        if resp is not None:
+            return resp
+        searches = self.by_vendor["tavily"]
+        payload = {
+            "key": {"usage": searches, "limit": 1000},
+            "account": {"current_plan": "Researcher", "plan_usage": searches, "plan_limit": 1000},
+        }
+        return self._respond(request, rec, fault, 200, payload, {})
 
     async def _echo(self, request: web.Request) -> web.StreamResponse:
         body = await request.read()

@@ -60,6 +60,17 @@ class Modes:
         self._brave: tuple[int, int, int] | None = None
         self._brave_window: deque[float] = deque()
         self._brave_month_used = 0
+        self._key_faults: dict[str, Fault] = {}
+
+    def fault_for_key(self, key: str, fault: Fault | None) -> Self:
+        """Answer ``fault`` to every request carrying ``key`` (in a header value or the query
+        string), as a vendor answers a key that is out of credits or paused; None clears it.
+        Scripted faults still come first."""
+        if fault is None:
+            self._key_faults.pop(key, None)
+        else:
+            self._key_faults[key] = fault
+        return self
 
     def script(self, *faults: Fault, path_prefix: str | None = None) -> Self:
         """Queue faults for the next requests (FIFO). With ``path_prefix`` a fault is only
@@ -165,10 +176,13 @@ class Modes:
                 return fault
         return None
 
-    def _decide(self, rec: Received) -> Fault:
-        scripted = self._take_scripted(rec.path)
-        if scripted is not None:
-            return scripted
+    def _decide(self, rec: Received, *, scripted: bool = True) -> Fault:
+        taken = self._take_scripted(rec.path) if scripted else None
+        if taken is not None:
+            return taken
+        for key, fault in self._key_faults.items():
+            if key in rec.query_string or any(key in v for v in rec.headers.values()):
+                return fault
         if self._down is not None:
             return self._down
         for prefix, fault in self._down_paths.items():

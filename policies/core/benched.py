@@ -1,0 +1,70 @@
+"""Names benched until a wall-clock time, here and with Redis for every replica: a vendor whose
+plan is spent or who paused the whole route (failover), one key of a route's pool (key pools).
+The hot path reads memory; Redis is asked at most once a second per name."""
+
+from __future__ import annotations
+
+import math
+
+from policies.core.clock import Clock
+from policies.core.redislink import UNAVAILABLE, RedisLink
+
+# How often a replica asks Redis whether another replica benched a name.
+REFRESH_S = 1.0
+# A vendor's reset hint may say anything; a day covers daily quotas.
+MAX_BENCH_S = 86_400.0
+
+
+class Benched:
+    """Which names are benched, until when (wall seconds) and why (a few words)."""
+
+    def __init__(self, clock: Clock, link: RedisLink | None = None) -> None:
+        self.clock = clock
+        self.link = link
+        self._until: dict[str, float] = {}
+        self._why: dict[str, str] = {}
+        self._asked: dict[str, float] = {}  # name -> clock.now() of the last Redis read
+
+    def _redis_key(self, name: str) -> str:
+        assert self.link is not None
+        return self.link.key("exhausted", name)
+
+    async def mark(self, name: str, seconds: float, why: str = "") -> None:
+        """Bench `name` for `seconds` (at most MAX_BENCH_S); a shorter bench than the one in
+        force changes nothing here."""
+        seconds = min(seconds, MAX_BENCH_S)
+        until = self.clock.wall() + seconds
+        if until > self._until.get(name, 0.0):
+            self._until[name], self._why[name] = until, why
+        if self.link is not None:
+            # The value is the end (wall seconds), so every replica reads one deadline; the
+            # key's own expiry only clears it away afterwards.
+            key, px = self._redis_key(name), max(1, math.ceil(seconds * 1000))
+            value = f"{until:.3f} {why}".rstrip()
+            await self.link.run(lambda r: r.set(key, value, px=px))
+
+    async def remaining(self, name: str) -> float:
+        """Seconds `name` stays benched (0 when it is not)."""
+        now = self.clock.wall()
+        left = self._until.get(name, 0.0) - now
+        if left > 0:
+            return left
+        if self.link is None or self.clock.now() - self._asked.get(name, -math.inf) < REFRESH_S:
+            return 0.0
+        self._asked[name] = self.clock.now()
+        key = self._redis_key(name)
+        raw = await self.link.run(lambda r: r.get(key))
+        if raw is UNAVAILABLE or raw is None:
+            return 0.0
+        text = raw.decode() if isinstance(raw, bytes) else str(raw)
+        until_text, _, why = text.partition(" ")
+        try:
+            until = float(until_text)
+        except ValueError:
+            return 0.0
+        self._until[name], self._why[name] = until, why
+        return max(0.0, until - now)
+
+    def why(self, name: str) -> str:
+        """Why `name` was benched, as the last `mark` or Redis read said ("" if unknown)."""
+        return self._why.get(name, "")
