@@ -39,7 +39,7 @@ import yaml
 
 from bench.client import run_load
 from bench.procs import Pinning, fake_vendor
-from bench.report import Figure, Scenario, at_most, percentile
+from bench.report import Figure, Scenario, at_most, every, percentile
 from testkit.procs import Child, StartError, free_port
 
 IDLE = 1000
@@ -234,12 +234,7 @@ def held_connections(pinning: Pinning, vendor_url: str) -> list[Scenario]:
         Figure("RSS baseline", f"{r['baseline']:.0f} MB"),
         at_most("peak", r["peak"], RSS_PEAK_MB, "{:.0f} MB"),
         at_most("after they left: +", r["after"] - r["baseline"], RSS_RETURN_MB, "{:.1f} MB"),
-        Figure(
-            "normal searches answered",
-            f"{normal.ok}/{normal.n}",
-            f"{normal.n}",
-            normal.ok == normal.n,
-        ),
+        every("normal searches answered", normal.ok, normal.n),
         Figure("p50", f"{percentile(ms, 50):.1f} ms"),
         at_most("p99", percentile(ms, 99), P99_MS, "{:.1f} ms"),
     ]
@@ -336,12 +331,7 @@ def fd_limit(pinning: Pinning, vendor_url: str) -> list[Scenario]:
         Figure("refused at once", f"{r['refused']}/{FLOOD}"),
         at_most("log lines/s", worst, 1, "{:.0f}"),
         Figure("CPU while held", f"{r['hold_cpu'] / FLOOD_HOLD_S:.1%}"),
-        Figure(
-            "served after",
-            f"{r['after'].ok}/{r['after'].n}",
-            f"{r['after'].n}",
-            r["after"].ok == r["after"].n,
-        ),
+        every("served after", r["after"].ok, r["after"].n),
     ]
     s.details = [
         f"proxy under prlimit --nofile={FD_LIMIT}, max_connections 1000 configured; {FLOOD} "
