@@ -99,10 +99,13 @@ def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
     any with a control character (aiohttp reads them, but refuses to write them on)."""
     drop = _RESPONSE_DROP | _connection_listed(upstream)
     return CIMultiDict(
-        (k, v)
-        for k, v in upstream.items()
-        if k.lower() not in drop and not _CONTROL.search(k) and not _CONTROL.search(v)
+        (k, v) for k, v in upstream.items() if k.lower() not in drop and _clean(k) and _clean(v)
     )
+
+
+def _clean(text: str) -> bool:
+    """No control character but tab; a printable string (the usual case) is not searched."""
+    return text.isprintable() or not _CONTROL.search(text)
 
 
 def is_stream(resp: aiohttp.ClientResponse) -> bool:
@@ -153,6 +156,9 @@ class Upstream:
         self.per_try = route.timeouts.per_try
         self.total = route.timeouts.total
         self.connect = route.timeouts.connect
+        # No sock_read: an attempt's budget bounds the headers and a buffered body, and a
+        # stream's gaps and age have limits of their own (timeouts.idle, timeouts.stream).
+        self.client_timeout = aiohttp.ClientTimeout(total=None, connect=self.connect)
         self.idle = route.timeouts.idle
         self.stream_limit = route.timeouts.stream
         self.max_bytes = route.max_response_bytes
@@ -260,9 +266,7 @@ class Upstream:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
         request = flow.request
-        # No sock_read: `budget` below bounds the headers and a buffered body, and a stream's
-        # gaps and age have limits of their own (timeouts.idle, timeouts.stream; `_relay`).
-        timeout = aiohttp.ClientTimeout(total=None, connect=self.connect, sock_read=None)
+        timeout = self.client_timeout
         resp: aiohttp.ClientResponse | None = None
         try:
             async with asyncio.timeout(budget):
@@ -375,6 +379,11 @@ class Upstream:
         aiohttp inflates a compressed body only as fast as it is read, so stopping here also
         stops the inflating: a gzip bomb costs at most the limit.
         """
+        if resp.content_length is not None and "Content-Encoding" not in resp.headers:
+            # Its declared length, checked against the limit already, is all there is to read.
+            body_read = await resp.read()
+            resp.release()
+            return body_read
         body = bytearray()
         try:
             async for chunk in resp.content.iter_any():

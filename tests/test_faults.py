@@ -20,7 +20,7 @@ from tests.conftest import route
 
 CI_TOKEN = "ci-7e3a9c1f5b2d8e4a60"  # generated-looking: a guessable token is refused
 OTHER_TOKEN = "other-4b8e2d6f1a9c3e7b05"
-README = Path(__file__).resolve().parent.parent / "README.md"
+CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 RETRY = {"attempts": 3, "backoff": {"initial": "10ms", "max": "20ms"}}
 
 
@@ -71,7 +71,9 @@ async def test_at_the_vendor_the_routes_retries_act_and_the_agent_sees_their_res
     assert injected == [
         'search_proxy_faults_injected_total{at="vendor",fault="503",route="tavily"} 3.0'
     ]
-    assert not await metric_lines(client, "search_proxy_upstream_attempts_total")
+    # The route's series are declared at zero; no injected attempt counts as a vendor's.
+    attempts = await metric_lines(client, "search_proxy_upstream_attempts_total")
+    assert attempts and all(line.endswith(" 0.0") for line in attempts), attempts
 
 
 async def test_at_the_vendor_failover_answers_a_failed_primary(
@@ -226,18 +228,21 @@ def test_config_refuses_clients_that_do_not_exist(vendor: FakeVendor) -> None:
         parse_config({"routes": {"m": mcp}}, {})
 
 
-async def test_the_readme_example_raises_the_sdks_rate_limit_error(
+async def test_the_docs_example_raises_the_sdks_rate_limit_error(
     vendor: FakeVendor, start_proxy: Any, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """The README's snippet, run as written but for the proxy's address and the token."""
-    text = README.read_text(encoding="utf-8")
+    """docs/configuration.md's snippet, run as written but for the proxy's address and the
+    token."""
+    text = CONFIGURATION.read_text(encoding="utf-8")
     part = text[
-        text.index("### `routes.<name>.fault_injection`") : text.index("### `routes.<name>.mcp`")
+        text.index("## `routes.<name>.fault_injection`") : text.index("## `routes.<name>.mcp`")
     ]
     (code,) = re.findall(r"```python\n(.*?)```", part, re.DOTALL)
     client = await start_proxy(config(vendor))
     code = code.replace("http://localhost:8080", str(client.make_url("")).rstrip("/"))
-    await asyncio.to_thread(exec, compile(code, "README.md", "exec"), {"ci_agent_token": CI_TOKEN})
+    await asyncio.to_thread(
+        exec, compile(code, "docs/configuration.md", "exec"), {"ci_agent_token": CI_TOKEN}
+    )
     printed = capsys.readouterr().out
     assert "tavily: the vendor answered 429 (a fault injected by X-Search-Proxy-Fault" in printed
     assert vendor.count() == 0

@@ -172,7 +172,7 @@ async def test_a_ts_agent_ends_its_session_on_a_dead_server_without_an_error(
             # The stream is cut; the SDK opens it again (after its 1 s delay) and takes the
             # 405 as "no stream offered", rather than a failure to retry until it gives up.
             await eventually(
-                lambda: any(e.get("method") == "GET" and e["status"] == 405 for e in logs), 5
+                lambda: any(e.get("method") == "GET" and e.get("status") == 405 for e in logs), 5
             )
         terminated = await ts.send("terminate", name="a")
         assert terminated["ok"], terminated

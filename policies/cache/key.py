@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import unicodedata
 from dataclasses import dataclass
+from functools import lru_cache
 from operator import itemgetter
 from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
@@ -76,8 +77,13 @@ def session_traffic(headers: CIMultiDict[str], body: bytes) -> bool:
     return any(isinstance(m, dict) and "jsonrpc" in m for m in messages)
 
 
+def _nfc(text: str) -> str:
+    # ASCII is NFC already: the check is a flag read, the normalisation a call per string.
+    return text if text.isascii() else unicodedata.normalize("NFC", text)
+
+
 def _text(value: str, field: str | None) -> str:
-    value = unicodedata.normalize("NFC", value)
+    value = _nfc(value)
     # str.split() without arguments splits on every run of Unicode whitespace and trims.
     return " ".join(value.split()) if field in _QUERY_FIELDS else value
 
@@ -94,17 +100,28 @@ class _TooDeep(Exception):
 def _canonical(value: Any, field: str | None = None, depth: int = 0) -> Any:
     if isinstance(value, str):
         return _text(value, field)
-    if depth >= MAX_CANONICAL_DEPTH:
-        if isinstance(value, dict | list):
-            raise _TooDeep
+    if not isinstance(value, dict | list):
         return value
+    if depth >= MAX_CANONICAL_DEPTH:
+        raise _TooDeep
+    # A leaf that stays as it is (a number, or ASCII text outside the query fields) is kept
+    # without a call: a search body is mostly such leaves.
     if isinstance(value, dict):
         return {
-            unicodedata.normalize("NFC", k): _canonical(v, k, depth + 1) for k, v in value.items()
+            (k if k.isascii() else _nfc(k)): (v if _kept(v, k) else _canonical(v, k, depth + 1))
+            for k, v in value.items()
         }
-    if isinstance(value, list):
-        return [_canonical(v, field, depth + 1) for v in value]
-    return value
+    return [v if _kept(v, field) else _canonical(v, field, depth + 1) for v in value]
+
+
+_KEPT_TYPES = (int, float, bool, type(None))
+
+
+def _kept(value: Any, field: str | None) -> bool:
+    kind = type(value)
+    if kind is str:
+        return value.isascii() and field not in _QUERY_FIELDS
+    return kind in _KEPT_TYPES
 
 
 def _is_param_credential(name: str, known: frozenset[str]) -> bool:
@@ -112,6 +129,12 @@ def _is_param_credential(name: str, known: frozenset[str]) -> bool:
     # match (`keywords`, `author`) must stay in it or different searches would share an entry.
     lower = name.lower()
     return lower in CREDENTIAL_NAMES or lower in known
+
+
+@lru_cache(maxsize=64)  # one set per route's known names
+def _credential_fields(known: frozenset[str]) -> frozenset[str]:
+    """The lower-case field and parameter names taken out of a key as credentials."""
+    return CREDENTIAL_NAMES | known
 
 
 def _body_part(
@@ -127,7 +150,8 @@ def _body_part(
     credentials: list[str] = []
     if isinstance(data, dict):
         # Credentials first: an ignored field never takes a credential out of the key.
-        for name in sorted(n for n in data if _is_param_credential(n, known)):
+        names = _credential_fields(known)
+        for name in sorted(n for n in data if n.lower() in names):
             value = data.pop(name)
             text = value if isinstance(value, str) else orjson.dumps(value).decode()
             credentials.append(f"{name}={text}")
@@ -200,10 +224,10 @@ def cache_key(
 
 def _credential_headers(headers: CIMultiDict[str], known: frozenset[str]) -> list[str]:
     """`name=value` for every credential header, by name (a name's values in their order)."""
-    found = [
-        (name.lower(), value)
-        for name, value in headers.items()
-        if name.lower() in known or is_credential_name(name)
-    ]
+    found = []
+    for name, value in headers.items():
+        lower = name.lower()
+        if lower in known or is_credential_name(lower):
+            found.append((lower, value))
     found.sort(key=itemgetter(0))
     return [f"{name}={value}" for name, value in found]
