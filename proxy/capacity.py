@@ -159,7 +159,7 @@ def _glibc(name: str) -> Callable[..., int] | None:
 _MALLOC_TRIM = _glibc("malloc_trim")
 _MALLOPT = _glibc("mallopt")
 _M_MMAP_THRESHOLD = -3
-MMAP_THRESHOLD = 256 * 1024
+MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, kept from rising
 
 
 def map_large_allocations() -> None:
