@@ -70,6 +70,11 @@ def at_least(label: str, value: float, target: float, fmt: str) -> Figure:
     return Figure(label, fmt.format(value), ">= " + fmt.format(target), value >= target)
 
 
+def every(label: str, done: int, of: int) -> Figure:
+    """A figure that meets its target when all `of` are `done` (`done/of`)."""
+    return Figure(label, f"{done}/{of}", f"{of}", done == of)
+
+
 def at_most(label: str, value: float, target: float, fmt: str) -> Figure:
     """A figure that meets its target when `value <= target`; fmt formats both."""
     return Figure(label, fmt.format(value), "<= " + fmt.format(target), value <= target)

@@ -1,5 +1,7 @@
 """The fastest upstream we can make with aiohttp: a low-level server answering every request
-with the same 1 KB JSON body after reading the request's body.
+with the same 1 KB JSON body after reading the request's body; and, for the hostile group, heavy
+answers: GET /bin/N is N bytes of octet-stream with a Content-Length (what the proxy buffers),
+GET /bomb/N gzip-compressed JSON that inflates to N bytes, chunked (a gzip bomb).
 
 `python -m bench.upstream --port 0` prints its port when ready; SIGTERM stops it.
 """
@@ -9,6 +11,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import gzip
 import json
 import signal
 
@@ -31,8 +34,35 @@ BODY = json.dumps(
 ).encode()
 
 
-async def handle(request: web.BaseRequest) -> web.Response:
+# Made once per size: a 7 MiB body or a 100 MiB bomb costs the upstream nothing per request.
+_HEAVY: dict[tuple[str, int], bytes] = {}
+
+
+def _heavy(kind: str, size: int) -> bytes:
+    body = _HEAVY.get((kind, size))
+    if body is None:
+        if kind == "bin":
+            body = bytes(size)
+        else:
+            pad = b"x" * (size - 27)
+            body = gzip.compress(b'{"results": [], "pad": "' + pad + b'"}', compresslevel=9)
+        body = _HEAVY[(kind, size)] = body
+    return body
+
+
+async def handle(request: web.BaseRequest) -> web.StreamResponse:
     await request.read()
+    kind, _, size = request.path.strip("/").partition("/")
+    if kind == "bin" and size.isdigit():
+        return web.Response(body=_heavy(kind, int(size)), content_type="application/octet-stream")
+    if kind == "bomb" and size.isdigit():
+        packed = _heavy(kind, int(size))
+        bomb = web.StreamResponse(headers={"Content-Encoding": "gzip"})
+        bomb.content_type = "application/json"
+        await bomb.prepare(request)  # chunked: no length to judge it by
+        await bomb.write(packed)
+        await bomb.write_eof()
+        return bomb
     return web.Response(body=BODY, content_type="application/json")
 
 

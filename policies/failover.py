@@ -112,8 +112,8 @@ class Failover:
         return ref if ref is not None and ref.is_text else None
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
-        ref = self._is_search(flow)
-        if ref is None:
+        ref = self._is_search(flow) if not flow.context.fallback else None
+        if ref is None:  # not a search, or this route stands in for another: no failover
             return await call_next(flow)
         key = self._bench_key(flow)
         parts: list[Answer] = []  # each fallback's part, in the order asked
@@ -230,6 +230,7 @@ class Failover:
             now=self.clock.now(),
             wall=wall,
             calls=flow.context.calls,  # a fallback's calls count against the agent request's
+            as_fallback=True,
         )
         return None if answer is None else self._answer(answer, flow, search, why)
 

@@ -28,13 +28,13 @@ from policies.core.route import RouteConfig
 from policies.core.section import Budget, Build, Link, Provider, Section
 from policies.core.settings import (
     ConfigError,
+    calls_per_s,
     join,
     methods,
     number_in,
     one_of,
     positive_duration,
     section,
-    whole,
     whole_in,
 )
 from policies.latency import LatencyWindow
@@ -286,6 +286,7 @@ class _Race:
             wall=wall,
             deadline=self.flow.context.deadline,
             calls=self.flow.context.calls,
+            as_fallback=True,
         )
         dropped: list[str] = []
         work = _reply_of(answer, p.profile, search, dropped)
@@ -435,7 +436,7 @@ def parse(raw: Any, path: str) -> HedgeConfig:
             # Each extra is one more call per slow request: more than 3 only adds load.
             "max_extra": whole_in(1, 3),
             "budget": lambda v, p: section(
-                v, p, HedgeBudgetConfig, {"ratio": number_in(0.0, 3.0), "min_per_s": whole}
+                v, p, HedgeBudgetConfig, {"ratio": number_in(0.0, 3.0), "min_per_s": calls_per_s}
             ),
             "to": one_of("same", "fallback"),
             "methods": methods,

@@ -31,6 +31,7 @@ from policies.core.profile import CredentialSlot
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section
 from policies.core.settings import FIELD_CONTROL, ConfigError
+from policies.profiles import with_body_key
 
 log = structlog.get_logger("search_proxy.keypool")
 
@@ -100,9 +101,11 @@ class KeyPool:
         events: Events,
         classify: Classifier,
         exhausted_for: float = EXHAUSTED_FOR_S,
+        fields: tuple[str, ...] = (),
     ) -> None:
         self.route = route
         self.keys = keys
+        self.fields = fields  # body fields the vendor also reads a key from: they get it too
         self.ids = tuple(key_id(k) for k in keys)
         self.slot = slot
         self.benched = benched
@@ -212,7 +215,9 @@ class KeyPool:
             return replace(request, query_string="&".join(kept))
         headers = CIMultiDict(request.headers)
         headers[slot.name] = slot.prefix + key
-        return replace(request, headers=headers)
+        # One key reaches the vendor: the agent's in a body field it also reads is replaced.
+        body = with_body_key(request.body, self.fields, key)
+        return replace(request, headers=headers, body=body)
 
     async def _refusal(self, flow: Flow, soonest: float) -> KeysBenched:
         """The error when every key is benched, saying why in numbers (never naming a key)."""
@@ -249,6 +254,7 @@ def build(cfg: KeysConfig, route: Build) -> KeyPool | None:
         route.events,
         route.classify,
         exhausted_for=fallback.exhausted_for if fallback is not None else EXHAUSTED_FOR_S,
+        fields=profile.key_fields,
     )
 
 

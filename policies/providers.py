@@ -143,14 +143,18 @@ async def ask(
     calls: CallBudget | None = None,
     key: str | None = None,
     client: str = "",
+    as_fallback: bool = False,
 ) -> Answer:
     """`provider`'s answer to `search`, through its route. `deadline` defaults to the route's
     own `timeouts.total` from `now`; `calls` is the agent request's bound on vendor calls;
     `key` is the agent's own key for this provider, sent where its vendor reads one instead of
     the route's; `client` names the caller to the route's cache and limiter (never the agent's
-    key for another vendor)."""
+    key for another vendor); `as_fallback`: the provider stands in for another route, and its
+    own fallbacks are not followed."""
     started = now
     flow, dropped = _flow(provider, search, request_id, now, wall, deadline, calls, key, client)
+    if as_fallback:
+        flow.context.fallback = True
     clock_now = provider.clock.now
     try:
         reply = await provider.handler(flow)

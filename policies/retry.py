@@ -39,10 +39,12 @@ from policies.core.section import Build, Link, Section, plain
 from policies.core.settings import (
     ConfigError,
     boolean,
+    calls_per_s,
     fields,
     join,
     methods,
     number,
+    number_in,
     one_of,
     parse_duration,
     positive_duration,
@@ -145,7 +147,7 @@ class Retry:
             if calls is not None and not calls.spend():
                 raise CallBudgetSpent(
                     f"{self.route}: this request already made its {calls.limit} vendor "
-                    "calls (search_api.max_calls_per_request); send fewer queries or providers",
+                    f"calls ({calls.setting}); {calls.advice}",
                     route=self.route,
                     attempts=trace.attempts,
                 )
@@ -315,7 +317,10 @@ _PARSERS: dict[str, Callable[[Any, str], Any]] = {
     "retry_after": lambda v, p: section(
         v, p, RetryAfterConfig, {"honor": boolean, "max_wait": parse_duration}
     ),
-    "budget": lambda v, p: section(v, p, BudgetConfig, {"ratio": number, "min_per_s": whole_in(0)}),
+    # A ratio is retries per request: above 1 the budget would allow more retries than requests.
+    "budget": lambda v, p: section(
+        v, p, BudgetConfig, {"ratio": number_in(0.0, 1.0), "min_per_s": calls_per_s}
+    ),
     "methods": methods,
 }
 

@@ -3,8 +3,10 @@
 
 With `server.admin_token` set (or SEARCH_PROXY_ADMIN_TOKEN in the environment), every admin
 call needs `Authorization: Bearer <token>`. Without a token, only loopback callers may use them,
-and the proxy refuses to start with admin_host off loopback: an admin surface reachable beyond
-loopback is never open. A token must be a real one (16+ characters, not a placeholder).
+and only as themselves: the Host a loopback name (or one of `server.admin_names`), a browser
+page only the listener's own (its Origin that Host), and a call that changes something only
+with a JSON body or an X-Requested-By header, which no cross-site form can send. The proxy
+refuses to start with admin_host off loopback without a token, and refuses a guessable token.
 """
 
 from __future__ import annotations
@@ -61,6 +63,12 @@ def _is_loopback(remote: str | None) -> bool:
         return False
 
 
+# Methods that only read; any other changes something and must not come from a simple form.
+READING = frozenset({"GET", "HEAD", "OPTIONS"})
+# A header no cross-site form or simple request can carry: curl -H 'X-Requested-By: me'.
+REQUESTED_BY = "X-Requested-By"
+
+
 def authorize(
     remote: str | None,
     authorization: str,
@@ -68,11 +76,16 @@ def authorize(
     *,
     host: str | None = None,
     origin: str | None = None,
+    method: str = "GET",
+    content_type: str = "",
+    requested_by: bool = False,
+    names: frozenset[str] = frozenset(),
 ) -> None:
     """Raise Unauthorized unless this caller may use the admin endpoints (a pure decision).
-    Without a token, a loopback caller must also name a loopback `host`, and a browser page
-    (`origin`) be on one: a page elsewhere, its name rebound to 127.0.0.1 (DNS rebinding) or
-    posting across sites, is refused (Forbidden)."""
+    Without a token, a loopback caller must also name a loopback `host` (or one of `names`);
+    a browser page (`origin`) must be the listener's own, its authority that Host; and a call
+    that changes something needs a JSON `content_type` or `requested_by`. A page elsewhere,
+    its name rebound to 127.0.0.1 (DNS rebinding) or posting across sites, is Forbidden."""
     if token:
         given = authorization.removeprefix("Bearer ").strip()
         if not hmac.compare_digest(given.encode(), token.encode()):
@@ -83,13 +96,26 @@ def authorize(
             "admin endpoints are open to loopback callers only; set server.admin_token "
             f"(or {TOKEN_ENV}) to use them from elsewhere"
         )
-    page = hostname(origin.partition("://")[2].split("/", 1)[0]) if origin is not None else None
-    for name in (hostname(host) if host is not None else None, page):
-        if name is not None and not is_loopback_host(name):
-            raise Forbidden(
-                f"without server.admin_token the admin endpoints answer loopback names only, "
-                f"not {name!r}: open http://127.0.0.1:<admin_port>/ or set an admin token"
-            )
+    name = hostname(host) if host is not None else None
+    if name is not None and not is_loopback_host(name) and name.lower() not in names:
+        raise Forbidden(
+            f"without server.admin_token the admin endpoints answer loopback names only (and "
+            f"server.admin_names), not {name!r}: open http://127.0.0.1:<admin_port>/ or set "
+            "an admin token"
+        )
+    if origin is not None and origin.partition("://")[2].lower() != (host or "").lower():
+        raise Forbidden(
+            "without server.admin_token the admin endpoints answer their own page only, not a "
+            f"page from {origin[:100]!r}: open http://127.0.0.1:<admin_port>/ or set an admin "
+            "token"
+        )
+    json_body = content_type.partition(";")[0].strip().lower() == "application/json"
+    if method not in READING and not (json_body or requested_by):
+        raise Forbidden(
+            f"{method} changes something: send it with Content-Type: application/json or an "
+            f"{REQUESTED_BY} header (no cross-site form can), e.g. curl -X {method} -H "
+            f"'{REQUESTED_BY}: me' ..."
+        )
 
 
 def _json(body: object, status: int = 200) -> web.Response:
@@ -99,9 +125,12 @@ def _json(body: object, status: int = 200) -> web.Response:
 class Admin:
     """The admin handlers over the running routes."""
 
-    def __init__(self, routes: dict[str, Route], token: str | None) -> None:
+    def __init__(
+        self, routes: dict[str, Route], token: str | None, names: tuple[str, ...] = ()
+    ) -> None:
         self.routes = routes
         self.token = token or os.environ.get(TOKEN_ENV) or None
+        self.names = frozenset(name.lower() for name in names)  # server.admin_names
         # Named like the resources registered in proxy/app.py.
         self._handlers: dict[str, AdminHandler] = {
             "breakers": self.breakers,
@@ -134,12 +163,17 @@ class Admin:
     async def answer(self, request: web.Request, handler: AdminHandler) -> web.Response:
         """Authorize the caller, then answer with `handler`; errors as JSON."""
         try:
+            headers = request.headers
             authorize(
                 request.remote,
-                request.headers.get("Authorization", ""),
+                headers.get("Authorization", ""),
                 self.token,
-                host=request.headers.get("Host"),
-                origin=request.headers.get("Origin"),
+                host=headers.get("Host"),
+                origin=headers.get("Origin"),
+                method=request.method,
+                content_type=headers.get("Content-Type", ""),
+                requested_by=REQUESTED_BY in headers,
+                names=self.names,
             )
             return await handler(request)
         except ProxyError as err:

@@ -23,9 +23,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError
-from policies.core.flow import Flow
+from policies.core.flow import CallBudget, Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
+from proxy.bodies import read_body
+from proxy.budget import budget_for
 from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.direct import DirectHooks
@@ -34,6 +36,7 @@ from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.forward import request_headers
 from proxy.generation import build_generation
+from proxy.keys import injected_key, one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.oauth import is_oauth_path, oauth_answer
@@ -76,23 +79,6 @@ def client_identity(headers: CIMultiDictProxy[str]) -> str:
     return hashlib.blake2b(text.encode("utf-8", "surrogateescape"), digest_size=8).hexdigest()
 
 
-async def read_body(request: web.Request, limit: int) -> bytes:
-    if request.content_length is not None and request.content_length > limit:
-        raise PayloadTooLarge(
-            f"request body of {request.content_length} bytes exceeds the "
-            f"limit of {limit} bytes; send a smaller request"
-        )
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        body = None
-    if body is None or len(body) > limit:
-        raise PayloadTooLarge(
-            f"request body exceeds the limit of {limit} bytes; send a smaller request"
-        )
-    return body
-
-
 def _refused_method(method: str) -> MethodNotAllowed:
     if method == "CONNECT":
         text = (
@@ -129,10 +115,11 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         raise
     ex.name, ex.route = route.name, route
     ex.count_as(route.metrics)
+    profile = route.profile
+    body = await read_body(request, state.config.server.max_body_bytes, route.name)
     caller = None
-    if state.clients is not None:  # before anything is read, counted or sent
-        caller = await state.clients.admit(route.profile, request.headers, target.query_string)
-    body = await read_body(request, state.config.server.max_body_bytes)
+    if state.clients is not None:  # before anything is counted or sent
+        caller = await state.clients.admit(profile, request.headers, target.query_string, body)
     flow = ex.flow = Flow.new(
         route=route.name,
         method=request.method,
@@ -154,9 +141,17 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         client=caller.name if caller is not None else client_identity(request.headers),
         deadline=ex.started + route.config.timeouts.total,
         started=ex.started,
+        calls=CallBudget(
+            route.config.max_calls_per_request,
+            f"routes.{route.name}.max_calls_per_request",
+            "its retries, hedges, simplified variants and failovers stop there",
+        ),
     )
     if caller is not None:  # the client token never reaches the vendor
         flow = ex.flow = flow.with_request(caller.scrub(flow.request))
+    if profile is not None and profile.key_fields:  # nor the agent's key beside the route's
+        key = injected_key(profile, route.set_headers)
+        flow = ex.flow = flow.with_request(one_key(profile, key, flow.request))
     ex.fields = lambda: _route_fields(flow)
     # An MCP tool call may run for minutes before its answer begins: stop it, and its
     # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
@@ -292,7 +287,8 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
     mcp = state.mcp
     assert mcp is not None  # built with the app
     caller = await mcp.admit(request)
-    body = await read_body(request, state.config.server.max_body_bytes)
+    server = state.config.server
+    body = await read_body(request, server.max_body_bytes, state.config.mcp_server.path)
     who = caller.name if caller is not None else client_identity(request.headers)
     # A tool call stops, with its vendor calls, once its client has gone.
     watch = watch_agent(request)
@@ -395,6 +391,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         # One session serves every agent: a vendor's cookie for one must never reach another.
         cookie_jar=aiohttp.DummyCookieJar(),
         skip_auto_headers=("User-Agent",),
+        read_bufsize=16 * 1024,
     )
     metrics = state.metrics
     metrics.redis_is_configured(state.config.redis is not None)
@@ -469,6 +466,8 @@ def build_app(
         pulse=Pulse(metrics),
         direct_hooks=direct_hooks,
     )
+    state.memory = budget_for(config.server.max_buffered_bytes)
+    metrics.watch_budget(state.memory)
     app[RELOADER] = Reloader(state)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import ipaddress
 import math
 import resource
 from collections.abc import Callable
@@ -49,12 +50,15 @@ class OverloadLog:
         self._next = -math.inf  # no line before this time
         self._flush_due = False
         self._refused = 0
+        self._per_peer = 0  # of them, refused because their address had its share open
         self._failed = 0
         self._error: str | None = None
 
-    def refused(self) -> None:
-        """A connection was refused because max_connections were open."""
+    def refused(self, *, per_peer: bool = False) -> None:
+        """A connection was refused because max_connections were open (`per_peer`: because
+        its address had max_connections_per_peer open)."""
         self._refused += 1
+        self._per_peer += per_peer
         self._report()
 
     def __call__(self, loop: asyncio.AbstractEventLoop, context: dict[str, Any]) -> None:
@@ -84,6 +88,8 @@ class OverloadLog:
         if self._failed:
             fields["error"] = self._error
             fields["hint"] = "out of file descriptors: raise ulimit -n or lower max_connections"
+        if self._per_peer:
+            fields["per_peer"] = self._per_peer
         log.warning(
             "connections_refused",
             refused=self._refused,
@@ -91,7 +97,7 @@ class OverloadLog:
             max_connections=self.max_connections,
             **fields,
         )
-        self._refused = self._failed = 0
+        self._refused = self._per_peer = self._failed = 0
         self._error = None
 
 
@@ -111,6 +117,28 @@ def open_files_limit(wanted: int) -> int:
     return soft
 
 
+def peer_of(peername: Any) -> str | None:
+    """Whose connection this is, for max_connections_per_peer: the IPv4 address, or the /64 of
+    an IPv6 one (a single host is given a whole /64); None for a Unix socket."""
+    if not isinstance(peername, tuple) or not peername:
+        return None
+    try:
+        address = ipaddress.ip_address(str(peername[0]).partition("%")[0])
+    except ValueError:
+        return str(peername[0])
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            return str(address.ipv4_mapped)
+        return str(ipaddress.IPv6Network((address, 64), strict=False))
+    return str(address)
+
+
+def per_peer_limit(server: ServerConfig) -> int:
+    """Connections one address may hold open: max_connections_per_peer, else half of
+    max_connections, so that no single address can take every slot."""
+    return server.max_connections_per_peer or max(1, server.max_connections // 2)
+
+
 def connection_budget(server: ServerConfig) -> tuple[int, int]:
     """(max_connections, open-files limit): max_connections lowered if need be so that agents'
     connections, with a burst of refused ones, cannot use up the file descriptors (where every
@@ -120,15 +148,27 @@ def connection_budget(server: ServerConfig) -> tuple[int, int]:
     return min(server.max_connections, max(limit - reserve, limit // 2)), limit
 
 
-def _malloc_trim() -> Callable[[int], int] | None:
+def _glibc(name: str) -> Callable[..., int] | None:
     try:
-        trim: Callable[[int], int] = ctypes.CDLL(None).malloc_trim  # glibc only
+        found: Callable[..., int] = getattr(ctypes.CDLL(None), name)  # glibc only
     except (OSError, AttributeError):
         return None
-    return trim
+    return found
 
 
-_MALLOC_TRIM = _malloc_trim()
+_MALLOC_TRIM = _glibc("malloc_trim")
+_MALLOPT = _glibc("mallopt")
+_M_MMAP_THRESHOLD = -3
+MMAP_THRESHOLD = 128 * 1024  # glibc's own starting value, kept from rising
+
+
+def map_large_allocations() -> None:
+    """Have glibc give every allocation above MMAP_THRESHOLD (a vendor's answer, a request
+    body) pages of its own, returned to the OS when freed. By default it raises that threshold
+    after each large free, up to 32 MiB, and a burst of large bodies then stays in a heap it
+    keeps: the process's memory did not come back after one (elsewhere a no-op)."""
+    if _MALLOPT is not None:
+        _MALLOPT(_M_MMAP_THRESHOLD, MMAP_THRESHOLD)
 
 
 def trim_heap() -> None:

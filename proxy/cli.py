@@ -20,7 +20,12 @@ from aiohttp import web
 
 from proxy import __version__
 from proxy.app import STATE, build_admin_app, build_app
-from proxy.capacity import LISTEN_BACKLOG, OverloadLog, connection_budget
+from proxy.capacity import (
+    LISTEN_BACKLOG,
+    OverloadLog,
+    connection_budget,
+    map_large_allocations,
+)
 from proxy.config import (
     Config,
     ConfigError,
@@ -32,6 +37,7 @@ from proxy.config import (
     secret_values,
 )
 from proxy.guard import CUT_MARGIN_S, GuardedRunner
+from proxy.internals import internals_problem
 from proxy.logs import configure_logging
 from proxy.loops import chosen, loop_factory
 from proxy.redact import REDACTED
@@ -173,6 +179,7 @@ async def serve(
     log = structlog.get_logger("search_proxy")
     loop = asyncio.get_running_loop()
     max_connections, open_files = connection_budget(config.server)
+    map_large_allocations()
     overload = OverloadLog(loop.time, loop.call_at, max_connections)
     loop.set_exception_handler(overload)  # asyncio's failed accepts: one line per interval
     if max_connections < config.server.max_connections:
@@ -189,6 +196,7 @@ async def serve(
         app,
         limits,
         overload,
+        app[STATE].memory,
         access_log=None,
         # By cleanup time the drain below has ended every request: this only bounds stragglers.
         shutdown_timeout=CUT_MARGIN_S,
@@ -264,6 +272,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_CONFIG
     if opts.command == "check-config":
         return check_config(opts.file)
+    problem = internals_problem()
+    if problem is not None:
+        print(f"search-proxy: {problem}", file=sys.stderr)
+        return 1
     try:
         config, digest = _load(opts.config)
     except ConfigError as exc:

@@ -1,8 +1,9 @@
 """Known clients (`clients:`): who is calling, by its token, and whether its day has room left.
 
 An agent sends its client token where its SDK sends the vendor's API key (the route profile's
-credential slot: `Authorization: Bearer`, `x-api-key`, `X-Subscription-Token`, `api_key=`), or
-as `Authorization: Bearer <token>` on any route and on /v1/search. The proxy recognises it,
+credential slot: `Authorization: Bearer`, `x-api-key`, `X-Subscription-Token`, `api_key=`, and
+the JSON body fields it reads one from, Tavily's `api_key`), or as `Authorization: Bearer
+<token>` on any route and on /v1/search. The proxy recognises it,
 scrubs it from the request and sends the route's own key (`headers.set`), so an agent's config
 holds no vendor key. Without a known token a request is refused (401) before any vendor call,
 any rate-limit bucket or any quota count.
@@ -21,7 +22,13 @@ from multidict import CIMultiDictProxy
 
 from policies.core.errors import QuotaExceeded
 from policies.core.flow import Request
-from policies.profiles import CredentialSlot, VendorProfile, credential_slot
+from policies.profiles import (
+    CredentialSlot,
+    VendorProfile,
+    body_keys,
+    credential_slot,
+    with_body_key,
+)
 from policies.quota import DailyQuota
 from proxy.config import ClientConfig, ConfigError, ConfigErrors
 from proxy.errors import Unauthorized
@@ -37,12 +44,72 @@ CHALLENGE = {"WWW-Authenticate": 'Bearer realm="search-proxy"'}
 
 def token_problem(token: str) -> str | None:
     """Why `token` is too weak to guard anything (None: it will do). Never quotes the token."""
+    why: str | None = f"must be at least {MIN_TOKEN_CHARS} visible ASCII characters without spaces"
     if len(token) >= MIN_TOKEN_CHARS and _VISIBLE_ASCII.match(token):
-        return None
-    return (
-        f"must be at least {MIN_TOKEN_CHARS} visible ASCII characters without spaces, not a "
-        "placeholder; generate one with `openssl rand -hex 32`"
-    )
+        why = guessable(token)
+    return None if why is None else f"{why}; generate one with `{GENERATOR}`"
+
+
+GENERATOR = "openssl rand -hex 32"
+# Words that make a token a placeholder, a default or the first guess: none turns up in a
+# generated one (a 64-character hex or base64 token holds any of them with odds below 1e-6).
+GUESSED_WORDS = (
+    "replace",
+    "change",
+    "example",
+    "placeholder",
+    "generate",
+    "your",
+    "insert",
+    "dummy",
+    "sample",
+    "default",
+    "password",
+    "passw0rd",
+    "secret",
+    "token",
+    "admin",
+    "local",
+    "qwerty",
+    "letmein",
+    "welcome",
+)
+MIN_DISTINCT = 6  # a 16-character hex token has about 10
+# A word (lower case or Capitalised, not all hex letters) and a number, either way round, maybe
+# with one symbol after: `sunshine12345678`, `2024Springtime!`.
+_WORD = r"[A-Z]?[a-z]*[g-z][a-z]*"
+_WORD_AND_NUMBER = re.compile(rf"^(?:{_WORD}[0-9]+|[0-9]+{_WORD})[^A-Za-z0-9]?$")
+
+
+def guessable(token: str) -> str | None:
+    """Why a token of the right length is still guessable: a placeholder or a common word, a
+    word and a number, or mostly repeated or sequential characters; None when it is not."""
+    if any(form in token for w in GUESSED_WORDS for form in (w, w.upper(), w.capitalize())):
+        return "looks like a placeholder, a default or a common word, not a generated token"
+    if _WORD_AND_NUMBER.match(token):
+        return "is a word and a number, not a generated token"
+    if len(set(token)) < MIN_DISTINCT or 2 * _unpatterned(token) < len(token):
+        return "is mostly repeated or sequential characters, not a generated token"
+    return None
+
+
+def _unpatterned(token: str) -> int:
+    """How many characters of `token` are outside runs of 3+ of one character and runs of 4+
+    characters each one up or down from the one before (`aaa`, `1234`, `fedc`): a guessable
+    token is mostly such runs, a generated one has few."""
+    n, kept, i = len(token), 0, 0
+    while i < n:
+        run = 1
+        step = ord(token[i + 1]) - ord(token[i]) if i + 1 < n else 0
+        while i + run < n and ord(token[i + run]) - ord(token[i + run - 1]) == step:
+            run += 1
+        patterned = (step == 0 and run >= 3) or (abs(step) == 1 and run >= 4)
+        if patterned:
+            i += run
+        else:
+            kept += 1
+            i += 1
+    return kept
 
 
 def is_loopback_host(host: str) -> bool:
@@ -117,10 +184,13 @@ class Caller:
     name: str
     headers: tuple[tuple[str, str], ...] = ()  # (header, the exact value that carried it)
     params: tuple[tuple[str, str], ...] = ()  # (query parameter, its decoded value)
+    fields: tuple[str, ...] = ()  # top-level JSON body fields that carried it
 
     def scrub(self, request: Request) -> Request:
         """The outbound request without the token. A value the route set since (its own key
         in the same header) differs from what the agent sent, and stays."""
+        if self.fields:
+            request = replace(request, body=with_body_key(request.body, self.fields, None))
         for name, value in self.headers:
             values = request.headers.getall(name, [])
             if value in values:
@@ -162,11 +232,15 @@ class ClientGate:
             raise ConfigErrors(errors)
 
     def identify(
-        self, profile: VendorProfile | None, headers: CIMultiDictProxy[str], query_string: str
+        self,
+        profile: VendorProfile | None,
+        headers: CIMultiDictProxy[str],
+        query_string: str,
+        body: bytes = b"",
     ) -> Caller:
-        """The caller whose token the request carries (in `profile`'s credential slot or as a
-        bearer token); Unauthorized without one. Every place that carried a known token is
-        recorded, to be scrubbed."""
+        """The caller whose token the request carries (in `profile`'s credential slot, its
+        body's key fields, or as a bearer token); Unauthorized without one. Every place that
+        carried a known token is recorded, to be scrubbed."""
         slot = credential_slot(profile) if profile is not None else None
         name: str | None = None
         carrying_headers: list[tuple[str, str]] = []
@@ -178,6 +252,13 @@ class ClientGate:
             name = name or known
             carrying = carrying_headers if where.kind == "header" else carrying_params
             carrying.append((where.name, value))
+        fields = profile.key_fields if profile is not None else ()
+        carrying_fields = []
+        for field_name, token in body_keys(body, fields).items():
+            known = self._by_digest.get(_digest(token))
+            if known is not None:
+                name = name or known
+                carrying_fields.append(field_name)
         if name is None:
             self.metrics.clients_refused.labels("unknown_token").inc()
             raise Unauthorized(
@@ -186,14 +267,18 @@ class ClientGate:
                 f"({_where_text(slot)})",
                 headers=CHALLENGE,
             )
-        return Caller(name, tuple(carrying_headers), tuple(carrying_params))
+        return Caller(name, tuple(carrying_headers), tuple(carrying_params), tuple(carrying_fields))
 
     async def admit(
-        self, profile: VendorProfile | None, headers: CIMultiDictProxy[str], query_string: str
+        self,
+        profile: VendorProfile | None,
+        headers: CIMultiDictProxy[str],
+        query_string: str,
+        body: bytes = b"",
     ) -> Caller:
         """`identify`, then count the request against the caller's daily quota (QuotaExceeded
         past it, with the time until the day ends)."""
-        caller = self.identify(profile, headers, query_string)
+        caller = self.identify(profile, headers, query_string, body)
         await self.spend(caller.name)
         return caller
 

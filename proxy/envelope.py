@@ -12,7 +12,7 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -24,6 +24,7 @@ from aiohttp.typedefs import Handler
 from policies.core.errors import ProxyError, StreamCut
 from policies.core.flow import Flow, Reply
 from proxy.dialects import error_response
+from proxy.echo import EchoGuard
 from proxy.errors import RequestTimeout, ShuttingDown
 from proxy.guard import cut_reason
 from proxy.metrics import RouteMetrics
@@ -37,6 +38,8 @@ _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # The end of an event, where another may begin: a blank line (LF, CR or CRLF line ends).
 _EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n", b"\r\r\n")
 AGENT_CHECK_S = 1.0  # how often a stream being relayed looks whether its agent is still there
+PIECE_BYTES = 64 * 1024  # what of a large answer is handed to the agent's transport at a time
+WHOLE_BYTES = 4 * PIECE_BYTES  # answers up to this size are written in one go
 
 
 def request_id(request: web.Request) -> str:
@@ -131,6 +134,8 @@ def enveloped(endpoint: Endpoint, name: str | None = None) -> Handler:
             response = await endpoint(request, ex)
             if not ex.answering:
                 ex.status = response.status
+            if isinstance(response, web.Response) and not response.prepared:
+                _withhold(state.echo, response, ex.name)
         except ProxyError as err:
             ex.status = err.status
             response = error_answer(err, ex)
@@ -184,6 +189,15 @@ def enveloped(endpoint: Endpoint, name: str | None = None) -> Handler:
         return response
 
     return handle
+
+
+def _withhold(echo: EchoGuard, response: web.Response, route: str | None) -> None:
+    """A whole answer without the secrets the proxy holds (a vendor echoing its key)."""
+    echo.headers(response.headers, route)
+    if isinstance(response.body, bytes):
+        body = echo.body(response.body, route)
+        if body is not response.body:
+            response.body = body
 
 
 def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | None) -> None:
@@ -299,14 +313,25 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
     headers.update(flow.trace.reply_headers)
     headers["X-Request-Id"] = flow.request.request_id
     headers["X-Proxy-Attempts"] = str(flow.trace.attempts)
+    echo, route = request.app[STATE].echo, ex.name
     if reply.stream is None:
-        return web.Response(status=reply.status, headers=headers, body=reply.body)
+        if len(reply.body) <= WHOLE_BYTES:
+            return web.Response(status=reply.status, headers=headers, body=reply.body)
+        # A large answer goes out in pieces, each written once the agent took the last: a slow
+        # reader would otherwise have the transport copy what it has not read yet (twice the
+        # body in memory). Its length stands.
+        body = echo.body(reply.body, route)
+        headers["Content-Length"] = str(len(body))
+        reply.stream = _pieces(body)
+    stream = reply.stream
+    echo.headers(headers, route)
     response = web.StreamResponse(status=reply.status, headers=headers)
     watch = _AgentWatch(request)
     try:
         await response.prepare(request)
         sent.response = response
-        async for chunk in reply.stream:
+        async for chunk in stream:
+            chunk = echo.body(chunk, route, "stream")
             await response.write(chunk)
             sent.written += len(chunk)
             sent.ending = (sent.ending + chunk[-4:])[-4:]
@@ -321,6 +346,11 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
         watch.stop()
         reply.discard()
     return response
+
+
+async def _pieces(body: bytes) -> AsyncIterator[bytes]:
+    for start in range(0, len(body), PIECE_BYTES):
+        yield body[start : start + PIECE_BYTES]
 
 
 def _cut_tail(reply: Reply, err: ProxyError, sent: Sent) -> bytes:

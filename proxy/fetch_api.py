@@ -30,6 +30,7 @@ from policies.fetch import (
     canonical_url,
     check_url,
 )
+from proxy.bodies import read_body
 from proxy.config.fetch import DIRECT, FetchApiConfig, extract_vendor
 from proxy.config.sections import Config
 from proxy.dialects import error_response
@@ -198,7 +199,9 @@ class FetchApi:
         leaves the cache as it was."""
         try:
             try:
-                body = orjson.loads(await request.read())
+                # client_max_size is server.max_body_bytes + 1 (proxy/app.py).
+                raw = await read_body(request, request.client_max_size - 1, "/v1/fetch")
+                body = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 raise _field_error("body", "is not valid JSON", "/v1/fetch") from None
             directives = request_directives(request.headers.copy())
@@ -236,7 +239,11 @@ class FetchApi:
             )
         asked = parse_request(body, self.config, endpoint)
         trace.urls = len(asked.call.urls)
-        calls = CallBudget(self.config.max_calls_per_request)
+        calls = CallBudget(
+            self.config.max_calls_per_request,
+            "fetch_api.max_calls_per_request",
+            "ask for fewer URLs at a time",
+        )
         now = self.clock.now()
         asking = Asking(
             request_id=rid,

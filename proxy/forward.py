@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import os
 import re
-import weakref
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
 
@@ -26,6 +25,7 @@ from policies.core.clock import Clock
 from policies.core.errors import (
     AttemptFailed,
     DeadlineExceeded,
+    MemoryBudgetFull,
     OutOfTime,
     ProxyError,
     StreamCut,
@@ -37,29 +37,20 @@ from policies.core.errors import (
     seconds_text,
 )
 from policies.core.flow import Flow, Reply
+from policies.core.memory import Hold, holding
 from policies.core.outcome import Outcome
+from policies.core.route import HOP_BY_HOP, PROXY_OWNED
+from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
+from proxy.pool import PoolFull, Slot, pool_slots
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
 log = structlog.get_logger("search_proxy")
 
-HOP_BY_HOP = frozenset(
-    {
-        "connection",
-        "keep-alive",
-        "proxy-connection",
-        "te",
-        "trailer",
-        "transfer-encoding",
-        "upgrade",
-        "proxy-authenticate",
-        "proxy-authorization",
-    }
-)
 # Never copied from the agent: aiohttp derives Host from the URL and frames the body itself,
 # and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
-_REQUEST_DROP = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
+_REQUEST_DROP = PROXY_OWNED
 # Never sent to a vendor, on any route: the agent's request for an injected fault
 # (policies/faults.py reads it in the chain; a route without fault injection ignores it).
 _NEVER_SENT = faults.HEADER
@@ -67,6 +58,7 @@ _NEVER_SENT = faults.HEADER
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
 # What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
+RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
 
 
@@ -125,95 +117,6 @@ def is_stream(resp: aiohttp.ClientResponse) -> bool:
     if ctype in STREAM_TYPES:
         return True
     return resp.content_length is None and "json" not in ctype and resp.method != "HEAD"
-
-
-class _Slot:
-    """One pooled connection's worth of room, held from before the request until its response
-    is released; `release` is idempotent."""
-
-    __slots__ = ("_held",)
-
-    def __init__(self, *held: asyncio.Semaphore) -> None:
-        self._held = held
-
-    def release(self) -> None:
-        for semaphore in self._held:
-            semaphore.release()
-        self._held = ()
-
-    def hand_over(self) -> _Slot:
-        """A new slot holding what this one held; this one is left empty."""
-        taken, self._held = _Slot(*self._held), ()
-        return taken
-
-
-class PoolFull(Exception):
-    """No slot within the wait; `scope` names the limit: "host" or "total"."""
-
-    def __init__(self, scope: str, limit: int) -> None:
-        super().__init__(scope)
-        self.scope = scope
-        self.limit = limit
-
-
-class PoolSlots:
-    """Our own queue in front of a connector's pool, with the same limits (per host, in all).
-
-    aiohttp counts the wait for a free pooled connection in its connect timeout, so pool
-    exhaustion looked like a slow vendor. Waiting here first, for as many slots as aiohttp has
-    connections, makes the pool wait ours: timed and reported on its own (`UpstreamPoolExhausted`)
-    while aiohttp's own wait stays empty.
-    """
-
-    def __init__(self, limit: int, per_host: int) -> None:
-        self.limit = limit
-        self.per_host = per_host
-        self._total = asyncio.Semaphore(limit) if limit else None
-        self._hosts: dict[tuple[str, int, bool], asyncio.Semaphore] = {}
-
-    async def acquire(self, host: tuple[str, int, bool], wait: float) -> _Slot:
-        """A slot for one request to `host`, or PoolFull after `wait` seconds."""
-        held: list[asyncio.Semaphore] = []
-        try:
-            if self.per_host:
-                semaphore = self._hosts.get(host)
-                if semaphore is None:
-                    semaphore = self._hosts[host] = asyncio.Semaphore(self.per_host)
-                await self._take(semaphore, wait, "host", self.per_host)
-                held.append(semaphore)
-            if self._total is not None:
-                await self._take(self._total, wait, "total", self.limit)
-                held.append(self._total)
-        except BaseException:
-            _Slot(*held).release()
-            raise
-        return _Slot(*held)
-
-    @staticmethod
-    async def _take(semaphore: asyncio.Semaphore, wait: float, scope: str, limit: int) -> None:
-        if not semaphore.locked():
-            await semaphore.acquire()  # free: returns without yielding
-            return
-        try:
-            async with asyncio.timeout(wait):
-                await semaphore.acquire()
-        except TimeoutError:
-            raise PoolFull(scope, limit) from None
-
-
-# One PoolSlots per connector (the process's one session), made on first use.
-_POOLS: weakref.WeakKeyDictionary[aiohttp.BaseConnector, PoolSlots] = weakref.WeakKeyDictionary()
-
-
-def pool_slots(session: aiohttp.ClientSession) -> PoolSlots | None:
-    """The slots mirroring `session`'s connector limits; None when it has no connector."""
-    connector = session.connector
-    if connector is None:
-        return None
-    slots = _POOLS.get(connector)
-    if slots is None:
-        slots = _POOLS[connector] = PoolSlots(connector.limit, connector.limit_per_host)
-    return slots
 
 
 def duration_text(seconds: float) -> str:
@@ -334,7 +237,7 @@ class Upstream:
             )
         return budget
 
-    async def _slot(self, flow: Flow, budget: float) -> _Slot | None:
+    async def _slot(self, flow: Flow, budget: float) -> Slot | None:
         """Wait for room in the connection pool, at most the connect timeout."""
         if self.slots is None:
             return None
@@ -359,7 +262,7 @@ class Upstream:
         finally:
             flow.trace.waited_seconds += self.clock.now() - started
 
-    async def _exchange(self, flow: Flow, budget: float, slot: _Slot | None) -> Reply:
+    async def _exchange(self, flow: Flow, budget: float, slot: Slot | None) -> Reply:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
         request = flow.request
@@ -385,9 +288,17 @@ class Upstream:
                     raise self._too_large(flow, declared)
                 if is_stream(resp):
                     return self._streamed(flow, resp, headers, slot)
-                body = await self._read(flow, resp)
-                return Reply(resp.status, headers, body)
-        except AttemptFailed:
+                hold = holding()
+                # Of an answer of unknown length, at least a first read's worth must fit.
+                reserved = declared or 0
+                if hold is not None and not hold.take(reserved or RELAY_BYTES):
+                    if "json" not in resp.content_type:  # nothing reads it: passed through
+                        return self._streamed(flow, resp, headers, slot)
+                    raise over_budget(self.route, flow.attempt, hold)
+                body = await self._read(flow, resp, hold, reserved or RELAY_BYTES)
+                # Dropped (a retried or losing attempt), it gives its bytes back at once.
+                return Reply(resp.status, headers, body, release=giving_back(hold, len(body)))
+        except (AttemptFailed, MemoryBudgetFull):
             if resp is not None:
                 resp.close()
             raise
@@ -459,8 +370,11 @@ class Upstream:
             if self.observe is not None:
                 self.observe(elapsed)
 
-    async def _read(self, flow: Flow, resp: aiohttp.ClientResponse) -> bytes:
-        """The whole (decoded) body, read chunk by chunk and never past `max_bytes`.
+    async def _read(
+        self, flow: Flow, resp: aiohttp.ClientResponse, hold: Hold | None, held: int
+    ) -> bytes:
+        """The whole (decoded) body, read chunk by chunk and never past `max_bytes` nor past
+        the memory budget (`hold`, of which `held` bytes are taken for it already).
 
         aiohttp inflates a compressed body only as fast as it is read, so stopping here also
         stops the inflating: a gzip bomb costs at most the limit.
@@ -471,11 +385,26 @@ class Upstream:
             resp.release()
             return body_read
         body = bytearray()
-        async for chunk in resp.content.iter_any():
-            if len(body) + len(chunk) > self.max_bytes:
-                raise self._too_large(flow)
-            body += chunk
+        try:
+            async for chunk in resp.content.iter_any():
+                size = len(body) + len(chunk)
+                if size > self.max_bytes:
+                    raise self._too_large(flow)
+                if hold is not None and size > held:
+                    if not hold.take(size - held):
+                        raise over_budget(self.route, flow.attempt, hold)
+                    held = size
+                body += chunk
+        except BaseException:
+            # Nothing of it is kept: its bytes go now, not when the collector finds the frame
+            # this exception's traceback keeps alive.
+            body.clear()
+            if hold is not None:
+                hold.give(held)
+            raise
         resp.release()
+        if hold is not None and held > len(body):
+            hold.give(held - len(body))  # less came than was set aside for it
         return bytes(body)
 
     def _streamed(
@@ -483,10 +412,10 @@ class Upstream:
         flow: Flow,
         resp: aiohttp.ClientResponse,
         headers: CIMultiDict[str],
-        slot: _Slot | None,
+        slot: Slot | None,
     ) -> Reply:
         """A reply passing the body through chunk by chunk; it owns the pool slot from here."""
-        taken = _Slot() if slot is None else slot.hand_over()
+        taken = Slot() if slot is None else slot.hand_over()
 
         def release() -> None:
             resp.release()
@@ -496,7 +425,7 @@ class Upstream:
         return Reply(resp.status, headers, stream=relay, release=release)
 
     async def _relay(
-        self, flow: Flow, resp: aiohttp.ClientResponse, slot: _Slot, started: float
+        self, flow: Flow, resp: aiohttp.ClientResponse, slot: Slot, started: float
     ) -> AsyncIterator[bytes]:
         """The upstream body as it arrives, from `started` (the clock's time at its headers).
 
@@ -512,7 +441,9 @@ class Upstream:
                     raise StreamCut(self._stream_too_long(flow))
                 try:
                     async with asyncio.timeout(min(self.idle, left)):
-                        chunk = await resp.content.readany()
+                        # A piece at a time: what the agent has not taken yet waits here,
+                        # not in its transport's buffer as one large copy.
+                        chunk = await resp.content.read(RELAY_BYTES)
                 except TimeoutError:
                     if left <= self.idle:
                         raise StreamCut(self._stream_too_long(flow)) from None

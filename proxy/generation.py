@@ -23,6 +23,7 @@ from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate, keyless_routes
 from proxy.config import Config
 from proxy.direct import DirectHooks, DirectReader
+from proxy.echo import EchoGuard, held_secrets
 from proxy.fetch_api import FetchApi
 from proxy.metrics import Metrics
 from proxy.pipeline import Deps, Route, build_route
@@ -48,6 +49,8 @@ class Generation:
     kept: Kept  # the routes' stateful parts, for the next generation to reuse
     shared: dict[str, Any] = field(default_factory=dict)  # policies' app-wide parts
     quotas: QuotaStore | None = None  # the clients' daily counts, kept by every reload
+    # The secrets this config holds, kept out of every answer (proxy/echo.py).
+    echo: EchoGuard = field(default_factory=lambda: EchoGuard(()))
 
     def breakers(self) -> list[Breaker]:
         return [route.breaker for route in self.routes.values() if route.breaker is not None]
@@ -119,11 +122,12 @@ def build_generation(
         fetch_api=fetch_api,
         direct=direct,
         openapi_json=orjson.dumps(document, option=orjson.OPT_INDENT_2),
-        admin=Admin(routes, admin_token(config.server)),
+        admin=Admin(routes, admin_token(config.server), config.server.admin_names),
         clients=_client_gate(config, routes, quotas, metrics),
         kept=deps.kept,
         shared=deps.shared,
         quotas=quotas,
+        echo=EchoGuard(held_secrets(config)),
     )
 
 

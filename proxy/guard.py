@@ -1,13 +1,15 @@
-"""Limits on agents' connections, nginx-style: header, body and send timeouts, idle keep-alive
-and a cap on open connections; the drain at shutdown; and aiohttp's own protocol errors (a
-malformed request, an HTTP version we do not speak) answered in our JSON shape.
+"""Limits on agents' connections, nginx-style: header, body, whole-request and send timeouts,
+idle keep-alive, and caps on open connections in all and per peer address; the drain at
+shutdown; and aiohttp's own protocol errors (a malformed request, an HTTP version we do not
+speak) answered in our JSON shape.
 
 aiohttp's server has none of these timeouts and answers malformed requests in plain text, so
 `ClientConnection` subclasses its RequestHandler (the per-connection protocol) and
 `GuardedServer` its Server (the protocol factory). They rely on internals of aiohttp 3.14:
 RequestHandler's `_messages`, `_request_count`, `_request_in_progress`, `_lingering_time`,
-`_reading_paused`/`_buffer_paused` and `_drain_helper`, and Server's `_kwargs`; tests/hostile
-drives each limit against a real process, so a change there fails a test, not production.
+`_reading_paused`/`_buffer_paused` and `_drain_helper`, and Server's `_kwargs`. pyproject.toml
+pins aiohttp's minor, start-up refuses an aiohttp without them (proxy/internals.py), and
+tests/hostile drives each limit against a real process.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import asyncio
 import gc
 import os
 import re
+from collections import Counter
 from typing import Any, cast
 
 import orjson
@@ -29,7 +32,9 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from policies.core.errors import BadRequest, ProxyError, seconds_text
-from proxy.capacity import OverloadLog, trim_heap
+from policies.core.memory import HOLD, MemoryBudget
+from proxy.budget import hold_request, release_request
+from proxy.capacity import OverloadLog, peer_of, per_peer_limit, trim_heap
 from proxy.config import ServerConfig
 from proxy.dialects import error_body, error_response, reason_phrase
 from proxy.errors import (
@@ -110,6 +115,9 @@ class ClientConnection(RequestHandler):
       JSON 408, an idle new connection is closed silently);
     - body_timeout: longest gap between two pieces of a request body; the handler's read fails
       with RequestTimeout (a JSON 408) and the connection closes after the answer;
+    - request_timeout: the request line, headers and whole body must arrive within it, counted
+      like header_timeout, so a body trickled in under body_timeout cannot hold a slot for ever
+      (the same JSON 408, then the connection closes);
     - send_timeout: longest time one write may wait for the agent to read; then the connection
       is dropped with what it buffered (`SendTimeout`), so a slow reader holds at most the
       transport's write buffer;
@@ -125,6 +133,8 @@ class ClientConnection(RequestHandler):
         "_guard",
         "_head_started",
         "_head_timer",
+        "_peer",
+        "_request_deadline",
         "cut",
     )
 
@@ -137,27 +147,32 @@ class ClientConnection(RequestHandler):
         self._body: StreamReader | None = None  # a request body still arriving
         self._body_timer: asyncio.TimerHandle | None = None
         self._body_deadline = 0.0
+        self._request_deadline = 0.0  # the request now arriving must be whole by then
         self._close_after_answer = False
+        self._peer: str | None = None  # the address counted against max_connections_per_peer
         self.cut: str | None = None
 
     # ------------------------------------------------------------------ connection
 
     def connection_made(self, transport: asyncio.BaseTransport) -> None:
-        if not self._guard.admit():
-            # Over max_connections: answer and close at once, before aiohttp sets anything up.
+        peer = peer_of(transport.get_extra_info("peername"))
+        refusal = self._guard.admit(peer)
+        if refusal is not None:
+            # Over a cap: answer and close at once, before aiohttp sets anything up.
             tr = cast(asyncio.Transport, transport)
-            tr.write(self._guard.refusal)
+            tr.write(refusal)
             tr.close()
             return
         self._admitted = True
+        self._peer = peer
         super().connection_made(transport)
-        self._head_timer = self._loop.call_later(self._guard.limits.header_timeout, self._head_late)
+        self._start_head()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._admitted:
             return
         self._admitted = False
-        self._guard.release()
+        self._guard.release(self._peer)
         for timer in (self._head_timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
@@ -170,7 +185,10 @@ class ClientConnection(RequestHandler):
             if self._head_timer is not None:
                 self._head_started = True
             elif self._between_requests():
-                next_head = True  # the first bytes of the next request on a kept-alive connection
+                # The first bytes of the next request on a kept-alive connection: its head has
+                # header_timeout, the whole of it request_timeout, from now.
+                next_head = True
+                self._start_head()
             elif self._body is not None:
                 self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
         heads = self._request_count
@@ -184,11 +202,7 @@ class ClientConnection(RequestHandler):
             if self._messages and not self._messages[-1][1].is_eof():
                 self._watch_body(self._messages[-1][1])
         elif next_head:
-            # Not complete yet: from its first byte, it has header_timeout.
-            self._head_timer = self._loop.call_later(
-                self._guard.limits.header_timeout, self._head_late
-            )
-            self._head_started = True
+            self._head_started = True  # not complete yet
 
     def _between_requests(self) -> bool:
         """No request is being handled or queued, and no request body is still arriving."""
@@ -200,20 +214,38 @@ class ClientConnection(RequestHandler):
 
     # ------------------------------------------------------------------ timeouts
 
+    def _start_head(self) -> None:
+        """A request begins (a new connection, or the first byte of the next request): its
+        head has header_timeout and the whole request request_timeout, from now."""
+        limits = self._guard.limits
+        self._request_deadline = self._loop.time() + limits.request_timeout
+        due = min(limits.header_timeout, limits.request_timeout)
+        self._head_timer = self._loop.call_later(due, self._head_late)
+
     def _head_late(self) -> None:
         self._head_timer = None
         if self.transport is None or not self._between_requests():
             return
         if self._head_started:
-            self.transport.write(self._guard.head_timeout)
-            _log_refusal(None, None, self._guard.head_timeout_error)
+            guard = self._guard
+            if guard.limits.request_timeout < guard.limits.header_timeout:
+                answer, err = guard.request_late, guard.request_late_error
+            else:
+                answer, err = guard.head_timeout, guard.head_timeout_error
+            self.transport.write(answer)
+            _log_refusal(None, None, err)
         self.force_close()
 
     def _watch_body(self, body: StreamReader) -> None:
         self._body = body
-        self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
+        now = self._loop.time()
+        self._body_deadline = now + self._guard.limits.body_timeout
+        if self._request_deadline <= now:
+            # A pipelined request, whose first bytes came with the one before: from its head.
+            self._request_deadline = now + self._guard.limits.request_timeout
         if self._body_timer is None:
-            self._body_timer = self._loop.call_at(self._body_deadline, self._body_check)
+            due = min(self._body_deadline, self._request_deadline)
+            self._body_timer = self._loop.call_at(due, self._body_check)
 
     def _body_check(self) -> None:
         # Data pushes the deadline on without touching the timer; the timer re-arms lazily.
@@ -223,24 +255,34 @@ class ClientConnection(RequestHandler):
             self._body = None
             return
         now = self._loop.time()
+        limits = self._guard.limits
         if self._reading_paused or self._buffer_paused:
-            # We paused reading (the handler has not read what came): not the agent stalling.
-            self._body_deadline = max(self._body_deadline, now + self._guard.limits.body_timeout)
-        if now < self._body_deadline:
-            self._body_timer = self._loop.call_at(self._body_deadline, self._body_check)
+            # We paused reading (the handler has not read what came): not the agent stalling,
+            # nor the agent being slow; neither limit runs out meanwhile.
+            self._body_deadline = max(self._body_deadline, now + limits.body_timeout)
+            self._request_deadline = max(self._request_deadline, now + limits.body_timeout)
+        due = min(self._body_deadline, self._request_deadline)
+        if now < due:
+            self._body_timer = self._loop.call_at(due, self._body_check)
             return
         self._body = None
         if self._request_in_progress or self._messages:
             # A handler reads (or will read) this body: its read raises, it answers 408; then
             # close rather than linger for the rest of a body that is not coming.
             self._lingering_time = 0.0
-            limit = seconds_text(self._guard.limits.body_timeout)
-            body.set_exception(
-                RequestTimeout(
-                    f"the request body stalled: nothing arrived for {limit} "
-                    "(server.body_timeout); send the whole body without pausing"
+            if now >= self._request_deadline:
+                late = RequestTimeout(
+                    f"the request did not arrive whole within "
+                    f"{seconds_text(limits.request_timeout)} (server.request_timeout); send "
+                    "the request line, headers and whole body at once"
                 )
-            )
+            else:
+                late = RequestTimeout(
+                    f"the request body stalled: nothing arrived for "
+                    f"{seconds_text(limits.body_timeout)} (server.body_timeout); send the "
+                    "whole body without pausing"
+                )
+            body.set_exception(late)
         else:
             # Already answered; aiohttp is discarding the rest of the body: stop waiting for it.
             body.feed_eof()
@@ -279,7 +321,10 @@ class ClientConnection(RequestHandler):
     ) -> tuple[web.StreamResponse, bool]:
         if self._close_after_answer:
             resp.force_close()  # Connection: close, and aiohttp closes once it is written
-        return await super().finish_response(request, resp, start_time)
+        try:
+            return await super().finish_response(request, resp, start_time)
+        finally:
+            release_request(request)  # the answer is written (or the agent gone): its memory
 
     # ------------------------------------------------------------------ aiohttp's errors
 
@@ -311,36 +356,55 @@ class ClientConnection(RequestHandler):
         return response
 
 
+def _too_many(what: str) -> bytes:
+    """The prebuilt answer of a connection refused at accept time because `what`."""
+    err = TooManyConnections(f"{what}; retry shortly, and reuse connections", retry_after_s=1.0)
+    return raw_answer(err)
+
+
 class GuardedServer(web.Server):
     """aiohttp's low-level server with `ClientConnection` as its protocol; it counts open
-    connections, refuses past max_connections, tracks requests in flight for the drain, and
-    answers request lines of an HTTP version other than 1.0 and 1.1 with 505."""
+    connections, refuses past max_connections (and past max_connections_per_peer from one
+    address), tracks requests in flight for the drain, and answers request lines of an HTTP
+    version other than 1.0 and 1.1 with 505."""
 
     def __init__(
-        self, plain: web.Server, limits: ServerConfig, overload: OverloadLog | None = None
+        self,
+        plain: web.Server,
+        limits: ServerConfig,
+        overload: OverloadLog | None = None,
+        budget: MemoryBudget | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
         self.limits = limits
+        self.budget = budget  # what requests' bodies may hold at once (None: not counted)
         self.overload = overload or OverloadLog(loop.time, loop.call_at, limits.max_connections)
         self.open = 0
+        self.per_peer = per_peer_limit(limits)
+        self._peers: Counter[str] = Counter()  # open connections by peer_of(address)
         self._peak = 0  # most connections open at once since the last reclaim
         self._reclaim: asyncio.TimerHandle | None = None
         self._app_handler = plain.request_handler
         self._app_request = plain.request_factory
         self._in_flight: dict[asyncio.Task[Any], ClientConnection] = {}
         # Prebuilt: written by timers and at accept time, where no request object exists.
-        self.refusal = raw_answer(
-            TooManyConnections(
-                f"the proxy has {limits.max_connections} connections open (server."
-                "max_connections); retry shortly, and reuse connections",
-                retry_after_s=1.0,
-            )
+        self.refusal = _too_many(
+            f"the proxy has {limits.max_connections} connections open (server.max_connections)"
         )
         self.head_timeout_error = RequestTimeout(
             f"the request head did not arrive within {seconds_text(limits.header_timeout)} "
             "(server.header_timeout); send the request line and headers at once"
         )
         self.head_timeout = raw_answer(self.head_timeout_error)
+        self.peer_refusal = _too_many(
+            f"this address has {self.per_peer} connections open to the proxy "
+            "(server.max_connections_per_peer)"
+        )
+        self.request_late_error = RequestTimeout(
+            f"the request did not arrive whole within {seconds_text(limits.request_timeout)} "
+            "(server.request_timeout); send the request line, headers and whole body at once"
+        )
+        self.request_late = raw_answer(self.request_late_error)
         # The options AppRunner gathered for the protocol (keep-alive, access log ...).
         super().__init__(
             self._handle,
@@ -353,16 +417,28 @@ class GuardedServer(web.Server):
     def __call__(self) -> RequestHandler:
         return ClientConnection(self, loop=self._loop, **self._kwargs)
 
-    def admit(self) -> bool:
-        """Count a new connection in, or refuse it (logged once per interval)."""
-        if self.open < self.limits.max_connections:
-            self.open += 1
-            self._peak = max(self._peak, self.open)
-            return True
-        self.overload.refused()
-        return False
+    def admit(self, peer: str | None) -> bytes | None:
+        """Count a new connection from `peer` in (None), or refuse it: the answer to write
+        before closing it (refusals are logged once per interval)."""
+        if self.open >= self.limits.max_connections:
+            self.overload.refused()
+            return self.refusal
+        if peer is not None:
+            if self._peers[peer] >= self.per_peer:
+                self.overload.refused(per_peer=True)
+                return self.peer_refusal
+            self._peers[peer] += 1
+        self.open += 1
+        self._peak = max(self._peak, self.open)
+        return None
 
-    def release(self) -> None:
+    def release(self, peer: str | None) -> None:
+        if peer is not None:
+            left = self._peers[peer] - 1
+            if left > 0:
+                self._peers[peer] = left
+            else:
+                del self._peers[peer]
         self.open -= 1
         if (
             self._reclaim is None
@@ -425,6 +501,7 @@ class GuardedServer(web.Server):
         task = asyncio.current_task()
         assert task is not None
         self._in_flight[task] = cast(ClientConnection, request.protocol)
+        held = hold_request(request, self.budget) if self.budget is not None else None
         try:
             claimed = request.get(_CLAIMED_VERSION)
             if claimed is not None:
@@ -438,8 +515,13 @@ class GuardedServer(web.Server):
                 response.force_close()
                 return response
             return await self._app_handler(request)
+        except asyncio.CancelledError:
+            release_request(request)  # no answer will be written
+            raise
         finally:
             del self._in_flight[task]
+            if held is not None:
+                HOLD.reset(held)
 
     async def drain(self, deadline: float) -> int:
         """Let requests in flight finish until `deadline` (loop time), then cut those still
@@ -459,23 +541,25 @@ class GuardedServer(web.Server):
 class GuardedRunner(web.AppRunner):
     """An AppRunner serving through a `GuardedServer` with these limits."""
 
-    __slots__ = ("guarded", "limits", "overload")
+    __slots__ = ("budget", "guarded", "limits", "overload")
 
     def __init__(
         self,
         app: web.Application,
         limits: ServerConfig,
         overload: OverloadLog | None = None,
+        budget: MemoryBudget | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(app, keepalive_timeout=limits.client_keepalive_timeout, **kwargs)
         self.limits = limits
         self.overload = overload
+        self.budget = budget
         self.guarded: GuardedServer | None = None
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()
-        self.guarded = GuardedServer(plain, self.limits, self.overload)
+        self.guarded = GuardedServer(plain, self.limits, self.overload, self.budget)
         return self.guarded
 
     async def stop_accepting(self) -> None:

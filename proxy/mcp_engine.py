@@ -20,9 +20,9 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from starlette.types import Message, Scope
 
 from policies.core.errors import ProxyError, seconds_text
+from policies.core.route import HOP_BY_HOP
 from proxy import __version__
 from proxy.errors import InternalError
-from proxy.forward import HOP_BY_HOP
 from proxy.mcp_calls import EndpointView, ToolContext
 from proxy.mcp_fetch import FetchTool
 from proxy.mcp_tool import (

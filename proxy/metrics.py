@@ -19,6 +19,7 @@ from prometheus_client import (
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
+from policies.core.memory import MemoryBudget
 from policies.core.outcome import Outcome
 
 # The *_created series double the exposition and no dashboard reads them.
@@ -370,6 +371,23 @@ class Metrics:
             self.config_reloads.labels(result)
         for to in ("up", "down"):
             self.redis_transitions.labels(to)
+        self.buffered_bytes = Gauge(
+            "search_proxy_buffered_bytes",
+            "Bytes of bodies held in memory now (agents' bodies, buffered answers), against "
+            "server.max_buffered_bytes.",
+            registry=r,
+        )
+        self.memory_budget_refused = Counter(
+            "search_proxy_memory_budget_refused",
+            "Bodies the memory budget (server.max_buffered_bytes) had no room for: refused "
+            "with 503 memory_budget, or a non-JSON answer passed through instead of buffered.",
+            registry=r,
+        )
+        self.buffered_limit = Gauge(
+            "search_proxy_buffered_limit_bytes",
+            "server.max_buffered_bytes: the most bytes of bodies held in memory at once.",
+            registry=r,
+        )
         # The process's CPU, memory, open files and start time (process_*), from /proc.
         ProcessCollector(registry=r)
         self.routes: dict[str, RouteMetrics] = {}
@@ -386,6 +404,12 @@ class Metrics:
         self.build_info.labels(version).set(1)
         self.config_info.clear()
         self.config_info.labels(config_hash).set(1)
+
+    def watch_budget(self, budget: MemoryBudget) -> None:
+        """Export the memory budget's use and limit (read at each scrape), count its refusals."""
+        self.buffered_bytes.set_function(lambda: budget.used)
+        self.buffered_limit.set(budget.limit)
+        budget.on_refused = self.memory_budget_refused.inc
 
     def redis_is_configured(self, configured: bool) -> None:
         """Export redis_up (starting at 1) only when Redis is configured."""

@@ -7,7 +7,7 @@ from __future__ import annotations
 import re
 from urllib.parse import unquote_plus, urlsplit
 
-from policies.core.credentials import is_credential_name
+from policies.core.credentials import is_credential_name, is_credential_param
 
 REDACTED = "<redacted>"
 
@@ -36,6 +36,13 @@ def _pair(match: re.Match[str]) -> str:
     return match[0]
 
 
+def _param(match: re.Match[str]) -> str:
+    name = match["name"]
+    if match["value"] and is_credential_param(unquote_plus(name)):
+        return f"{name}={REDACTED}"
+    return match[0]
+
+
 def _colon_pair(match: re.Match[str]) -> str:
     if not is_credential_name(match["name"]) or not match["value"].strip():
         return match[0]
@@ -47,10 +54,11 @@ def _colon_pair(match: re.Match[str]) -> str:
 
 
 def redact_query(query: str) -> str:
-    """A query string with the value of every credential-named parameter replaced."""
+    """A query string with the value of every credential-named parameter replaced (`code` and
+    `refresh` too)."""
     if "=" not in query:
         return query
-    return _PAIR.sub(_pair, query)
+    return _PAIR.sub(_param, query)
 
 
 def redact_text(text: str) -> str:

@@ -15,6 +15,7 @@ The agent's headers are never forwarded from here. `GET /openapi.json` describes
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -36,6 +37,7 @@ from policies.profiles import (
 )
 from policies.providers import Answer, Search, all_failed, ask, skipped
 from policies.search import SECTION as SEARCH
+from proxy.bodies import read_body
 from proxy.config import SearchApiConfig
 from proxy.dialects import error_response
 from proxy.errors import ProvidersExhausted, ProvidersRefused
@@ -46,6 +48,8 @@ from proxy.search_modes import MODES, Mode, Part, merge, merged_results, race
 
 MAX_RESULTS = 50
 MAX_KEY_CHARS = 4096
+# A key goes into a header or a query parameter: a control character would break either.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 # Request fields: our own, then LiteLLM's / Perplexity's names for the same things.
 OPTION_FIELDS = (
@@ -302,8 +306,10 @@ def _credentials(value: Any, config: SearchApiConfig, routes: dict[str, Route]) 
             raise _field_error(where, f"is not needed: {name} takes no API key")
         if not isinstance(key, str) or not key.strip():
             raise _field_error(where, "must be the API key, as text")
-        if len(key) > MAX_KEY_CHARS or any(c in key for c in "\r\n\0"):
-            raise _field_error(where, "is not a usable API key (one line, at most 4096 chars)")
+        if len(key) > MAX_KEY_CHARS or _CONTROL.search(key):
+            raise _field_error(
+                where, "is not a usable API key (no control characters, at most 4096 chars)"
+            )
         out[name] = key.strip()
     return out
 
@@ -346,7 +352,9 @@ class SearchApi:
         `client`: the caller's name when `clients:` is configured (its per-client limits)."""
         try:
             try:
-                body = orjson.loads(await request.read())
+                # client_max_size is server.max_body_bytes + 1 (proxy/app.py).
+                raw = await read_body(request, request.client_max_size - 1, "/v1/search")
+                body = orjson.loads(raw)
             except orjson.JSONDecodeError:
                 raise _field_error("body", "is not valid JSON") from None
             answer = await self.answer(body, rid, trace, client)

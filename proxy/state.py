@@ -8,11 +8,13 @@ import aiohttp
 from aiohttp import web
 
 from policies.core.clock import Clock
+from policies.core.memory import MemoryBudget
 from policies.core.redislink import RedisLink
 from proxy.admin import Admin
 from proxy.clients import ClientGate
 from proxy.config import Config
 from proxy.direct import DirectHooks
+from proxy.echo import EchoGuard
 from proxy.fetch_api import FetchApi
 from proxy.generation import Generation
 from proxy.mcp_server import McpEndpoint
@@ -41,6 +43,7 @@ class ProxyState:
     direct_hooks: DirectHooks | None = None
     admin: Admin | None = None
     clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
+    echo: EchoGuard = field(default_factory=lambda: EchoGuard(()))  # the secrets held
     generation: Generation | None = None
     mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
     session: aiohttp.ClientSession | None = None
@@ -57,6 +60,9 @@ class ProxyState:
     config_hash: str = ""
     series: Series | None = None
     pulse: Pulse | None = None  # recent rates, latencies and errors, for the status page
+    # Bodies held at once (server.max_buffered_bytes): the agents' listener charges each
+    # request's to it (proxy/budget.py); None: not counted (an app a test serves directly).
+    memory: MemoryBudget | None = None
 
     def admin_at(self) -> str:
         """The admin listener's address, as bound or as configured."""
@@ -75,6 +81,7 @@ class ProxyState:
         self.openapi_json = generation.openapi_json
         self.admin = generation.admin
         self.clients = generation.clients
+        self.echo = generation.echo
         if self.mcp is not None:
             self.mcp.use(
                 generation.search_api,

@@ -15,12 +15,13 @@ import yaml
 
 from proxy.admin import TOKEN_ENV, admin_token, authorize
 from proxy.config import ConfigError, ServerConfig
-from proxy.errors import Unauthorized
+from proxy.errors import Forbidden, Unauthorized
 from testkit.procs import ROOT
 from testkit.proxyprocess import ProxyProcess
 from tests.conftest import route
 
-TOKEN = "admin-token-0123456789"
+TOKEN = "op-4e9b2c7f1a8d3e6b"
+CHANGE = {"X-Requested-By": "test"}  # what a call that changes something needs without a token
 
 
 def test_without_a_token_only_loopback_callers_are_admitted():
@@ -29,6 +30,28 @@ def test_without_a_token_only_loopback_callers_are_admitted():
     for remote in ("10.0.0.7", "192.168.1.2", None, "not-an-ip"):
         with pytest.raises(Unauthorized, match="loopback callers only"):
             authorize(remote, "", None)
+
+
+def test_without_a_token_the_caller_must_be_the_listeners_own():
+    ok = {"host": "127.0.0.1:8081"}
+    authorize("127.0.0.1", "", None, **ok)
+    authorize(
+        "127.0.0.1", "", None, host="admin.internal:8081", names=frozenset({"admin.internal"})
+    )
+    authorize("127.0.0.1", "", None, origin="http://127.0.0.1:8081", **ok)  # its own page
+    authorize("127.0.0.1", "", None, method="POST", content_type="application/json", **ok)
+    authorize("127.0.0.1", "", None, method="DELETE", requested_by=True, **ok)
+    refused = [
+        {"host": "attacker.example:8081"},  # DNS rebinding
+        {"origin": "http://evil.example", **ok},  # another site
+        {"origin": "http://127.0.0.1:8080", **ok},  # another port: another origin
+        {"origin": "null", **ok},  # a sandboxed page, a file
+        {"method": "POST", "content_type": "text/plain", **ok},  # a simple cross-site form
+        {"method": "DELETE", **ok},
+    ]
+    for call in refused:
+        with pytest.raises(Forbidden):
+            authorize("127.0.0.1", "", None, **call)
 
 
 def test_with_a_token_everyone_needs_it():
@@ -46,7 +69,7 @@ async def test_cache_purge(vendor, start_proxy, admin_of):
     client = await start_proxy({"routes": {"tavily": cached_route(vendor)}})
     admin = await admin_of(client)
     await client.post("/tavily/search", json={"query": "purge me"})
-    r = await admin.delete("/admin/cache/tavily")
+    r = await admin.delete("/admin/cache/tavily", headers=CHANGE)
     assert r.status == 200
     assert await r.json() == {"route": "tavily", "local": 1, "shared": None}
     again = await client.post("/tavily/search", json={"query": "purge me"})
@@ -56,7 +79,7 @@ async def test_cache_purge(vendor, start_proxy, admin_of):
 async def test_admin_token_is_enforced_over_http(vendor, start_proxy, admin_of):
     raw = {"server": {"admin_token": "${ADMIN}"}, "routes": {"tavily": cached_route(vendor)}}
     admin = await admin_of(await start_proxy(raw, env={"ADMIN": TOKEN}))
-    r = await admin.delete("/admin/cache/tavily")
+    r = await admin.delete("/admin/cache/tavily", headers=CHANGE)
     assert r.status == 401
     assert (await r.json())["error"]["type"] == "unauthorized"
     ok = await admin.delete("/admin/cache/tavily", headers={"Authorization": f"Bearer {TOKEN}"})
@@ -65,7 +88,7 @@ async def test_admin_token_is_enforced_over_http(vendor, start_proxy, admin_of):
 
 async def test_unknown_route_is_a_json_404(vendor, start_proxy, admin_of):
     client = await start_proxy({"routes": {"tavily": cached_route(vendor)}})
-    r = await (await admin_of(client)).delete("/admin/cache/nope")
+    r = await (await admin_of(client)).delete("/admin/cache/nope", headers=CHANGE)
     assert r.status == 404
     assert "routes with one: ['tavily']" in (await r.json())["error"]["message"]
 

@@ -95,7 +95,7 @@ async def test_admin_reset_closes_it(vendor, start_proxy, admin_of):
     admin = await admin_of(client)
     await trip(client, vendor)
     vendor.reset()
-    r = await admin.post("/admin/breakers/tavily/reset")
+    r = await admin.post("/admin/breakers/tavily/reset", headers={"X-Requested-By": "test"})
     assert (await r.json()) == {"route": "tavily", "state": "closed"}
     assert (await search(client)).status == 200
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import secrets
 import signal
 import time
 
@@ -35,8 +36,8 @@ from proxy.errors import Unauthorized
 from proxy.metrics import Metrics
 from testkit.redisserver import RedisServer
 
-A_TOKEN = "agent-a-token-0123456789"
-B_TOKEN = "agent-b-token-9876543210"
+A_TOKEN = "agent-a-7f3c9e1b5d2a8f46"
+B_TOKEN = "agent-b-c41d8e2f9a0b7e35"
 MIDNIGHT = 1_700_006_400.0  # 2023-11-15T00:00:00Z
 
 
@@ -169,6 +170,24 @@ def test_token_rules() -> None:
     assert token_problem(A_TOKEN) is None
     for weak in ("short", "x" * 15, "has spaces in it ok?", "tab\tseparated-0123456", "é" * 20):
         assert token_problem(weak) is not None
+    # Long enough, and still guessable: the report's, and their like.
+    for weak in (
+        "password12345678",  # a word and a number
+        "sunshine12345678",
+        "aaaaaaaaaaaaaaaaaaaaaaaa",  # one character
+        "abababababababab",  # two
+        "0123456789abcdef0123",  # a sequence
+        "REPLACE_ME_REPLACE_ME",  # a placeholder
+        "local-admin-token",  # the compose file's old default
+        "Your-Secret-Here-1",
+    ):
+        problem = token_problem(weak)
+        assert problem is not None and problem.endswith("`openssl rand -hex 32`"), weak
+        assert weak not in problem
+    # Generated ones pass, whatever the generator.
+    for _ in range(200):
+        for generated in (secrets.token_hex(32), secrets.token_urlsafe(32), secrets.token_hex(12)):
+            assert token_problem(generated) is None, generated
     assert is_loopback_host("127.0.0.1") and is_loopback_host("::1")
     assert is_loopback_host("localhost") and is_loopback_host("127.3.4.5")
     assert not any(map(is_loopback_host, ("0.0.0.0", "::", "10.1.2.3", "proxy.local")))

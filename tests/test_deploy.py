@@ -23,6 +23,7 @@ import copy
 import json
 import os
 import re
+import shlex
 import shutil
 import signal
 import subprocess
@@ -624,7 +625,7 @@ def test_python_merge_matches_kustomize(builds: dict[str, list[dict[str, Any]]])
 
 # What a Secret's keys hold in these checks: a value an operator could have generated (the
 # shipped placeholders are refused: test_the_shipped_admin_token_is_a_placeholder_start_up_refuses).
-DUMMY_SECRET = "dummy-secret-0123456789abcdef"
+DUMMY_SECRET = "dk-8c3f1a9e5b7d2c4f6e0a"  # generated-looking: a guessable token is refused
 
 
 def container_env(container: dict[str, Any], docs: list[dict[str, Any]]) -> dict[str, str]:
@@ -989,6 +990,8 @@ def test_docker_compose_stack() -> None:
     assert "8080:8080" in proxy["ports"]
     grace = parse_duration(proxy["stop_grace_period"], "stop_grace_period")
     env = {k: str(v) for k, v in resolved["search-proxy"]["environment"].items()}
+    assert env["SEARCH_PROXY_ADMIN_TOKEN"] == ""  # none exported: the entrypoint makes one
+    env["SEARCH_PROXY_ADMIN_TOKEN"] = compose_admin_token(resolved["search-proxy"], {})
     assert grace > load_config(K8S_CONFIG, env=env).server.shutdown_grace
     assert env["REDIS_URL"].startswith("redis://redis:6379")
     assert proxy["depends_on"]["redis"]["condition"] == "service_healthy"
@@ -1148,6 +1151,43 @@ def test_image_command_serves_passes_healthcheck_and_exits_0_on_sigterm() -> Non
         assert unhealthy.returncode != 0, "the healthcheck passes with nothing listening"
     finally:
         proxy.stop()
+
+
+def compose_admin_token(service: dict[str, Any], env: dict[str, str]) -> str:
+    """The admin token the compose service's entrypoint hands the proxy, run as docker would
+    run it (with `env`), a stand-in `search-proxy` printing what it was given."""
+    bin_dir = Path(os.environ.get("TMPDIR", "/tmp")) / f"compose-entrypoint-{os.getpid()}"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "python").unlink(missing_ok=True)
+    (bin_dir / "python").symlink_to(sys.executable)
+    fake = bin_dir / "search-proxy"
+    fake.write_text('#!/bin/sh\necho "pid=$$ token=$SEARCH_PROXY_ADMIN_TOKEN args=$*"\n')
+    fake.chmod(0o755)
+    # Compose's own interpolation turns `$$` into `$` before the container runs.
+    entrypoint = [part.replace("$$", "$") for part in service["entrypoint"]]
+    shell = f"echo shell=$$; exec {shlex.join(entrypoint + service['command'])}"
+    done = run(["sh", "-c", shell], env={"PATH": f"{bin_dir}:/usr/bin:/bin", **env})
+    assert done.returncode == 0, done.stdout + done.stderr
+    shell_pid = re.search(r"shell=(\d+)", done.stdout)
+    found = re.search(r"pid=(\d+) token=(\S*) args=(.*)", done.stdout)
+    assert shell_pid and found, done.stdout
+    assert found[1] == shell_pid[1]  # exec all the way: the proxy is the container's PID 1
+    assert found[3] == " ".join(service["command"])
+    return found[2]
+
+
+def test_the_compose_stack_generates_its_admin_token_unless_given_one() -> None:
+    """No fixed default an attacker could guess: each start without SEARCH_PROXY_ADMIN_TOKEN
+    gets a generated token the proxy accepts; an exported one is used as it is."""
+    from proxy.clients import token_problem
+
+    service = yaml.safe_load(COMPOSE.read_text())["services"]["search-proxy"]
+    first = compose_admin_token(service, {})
+    second = compose_admin_token(service, {"SEARCH_PROXY_ADMIN_TOKEN": ""})
+    assert token_problem(first) is None and token_problem(second) is None
+    assert first != second
+    mine = "op-5d9e2a7c1f4b8e3a6d0c"
+    assert compose_admin_token(service, {"SEARCH_PROXY_ADMIN_TOKEN": mine}) == mine
 
 
 def test_environment_of_compose_and_kubernetes_agree() -> None:

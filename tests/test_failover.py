@@ -332,24 +332,28 @@ async def test_only_the_search_endpoint_fails_over(vendor: FakeVendor, start_pro
     assert vendor.count("/tavily") == 0
 
 
-def test_fallbacks_that_lead_back_are_refused() -> None:
-    from proxy.config import ConfigError, parse_config
+async def test_fallbacks_may_name_each_other_and_are_followed_one_level(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    """tavily and exa fall back to each other: a failing tavily asks exa once, and exa, standing
+    in for it, does not ask tavily (or anyone) again."""
 
     def search_route(name: str, fallback: str) -> dict[str, Any]:
         return route(
-            "http://vendor.example",
+            f"{vendor.url}/{name}",
             f"/{name}",
             search={"vendor": name},
+            retry=FAST_RETRY,
             fallback={"providers": [fallback]},
         )
 
-    with pytest.raises(ConfigError, match="a cycle"):
-        parse_config(
-            {
-                "routes": {
-                    "tavily": search_route("tavily", "exa"),
-                    "exa": search_route("exa", "tavily"),
-                }
-            },
-            {},
-        )
+    routes = {"tavily": search_route("tavily", "exa"), "exa": search_route("exa", "tavily")}
+    client = await start_proxy({"routes": routes})
+    vendor.down()
+    r = await client.post("/tavily/search", json={"query": QUERY})
+    assert r.status == 503
+    attempts = FAST_RETRY["attempts"]
+    assert vendor.count("/tavily") == attempts and vendor.count("/exa") == attempts
+    vendor.up().down(path_prefix="/tavily")
+    r = await client.post("/tavily/search", json={"query": QUERY})
+    assert r.status == 200 and r.headers["X-Search-Provider"] == "exa"

@@ -18,8 +18,8 @@ from policies.faults import HEADER, Fault, parse_fault
 from testkit.fakevendor import FakeVendor
 from tests.conftest import route
 
-CI_TOKEN = "ci-token-0123456789abcdef"
-OTHER_TOKEN = "other-token-0123456789abcd"
+CI_TOKEN = "ci-7e3a9c1f5b2d8e4a60"  # generated-looking: a guessable token is refused
+OTHER_TOKEN = "other-4b8e2d6f1a9c3e7b05"
 CONFIGURATION = Path(__file__).resolve().parent.parent / "docs" / "configuration.md"
 RETRY = {"attempts": 3, "backoff": {"initial": "10ms", "max": "20ms"}}
 

@@ -19,7 +19,7 @@ from tests.test_mcp_server import TOKEN, TOOL_NAME, served_as_in_production, ses
 
 HANG = 5.0  # how long the fake vendor takes: far past every limit here
 ACCEPT = {"Accept": "application/json, text/event-stream"}
-OTHER_TOKEN = "mcp-test-other-token-fedcba9876543210"
+OTHER_TOKEN = "mcp-other-d2f8a1c7e4b9036f5a"
 
 
 def hanging(vendor: FakeVendor, **extra: Any) -> dict[str, Any]:

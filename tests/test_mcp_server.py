@@ -33,7 +33,7 @@ from tests.conftest import route
 
 MCP_DOC = Path(__file__).resolve().parent.parent / "docs" / "mcp.md"
 QUERY = "circuit breaker pattern"
-TOKEN = "mcp-test-client-token-0123456789abcdef"
+TOKEN = "mcp-client-5b1e9d3f7a2c8e40f6"
 RETRY = {"attempts": 1}
 
 

@@ -141,7 +141,7 @@ def test_a_credential_name_hides_the_whole_value_wherever_it_is_nested() -> None
 def test_the_configs_own_secrets_are_hidden_in_any_text() -> None:
     headers = {"X-Plan": "plan-value-0001", "Authorization": "Bearer sk-abcdef123456", "X-S": "pro"}
     raw = {
-        "server": {"admin_token": "admin-token-0123456789"},
+        "server": {"admin_token": "op-4e9b2c7f1a8d3e6b"},
         "redis": {"url": "redis://:redis-pw-0001@db:6379/0"},
         "routes": {
             "r": {"prefix": "/r", "upstream": "https://r.example", "headers": {"set": headers}}
@@ -153,7 +153,7 @@ def test_the_configs_own_secrets_are_hidden_in_any_text() -> None:
         "error",
         {
             "event": "the vendor echoed plan-value-0001 and sk-abcdef123456 back",
-            "detail": ["admin-token-0123456789", {"why": "redis-pw-0001 refused"}],
+            "detail": ["op-4e9b2c7f1a8d3e6b", {"why": "redis-pw-0001 refused"}],
             "plan": "a pro plan",  # a short value is no key: ordinary words stay
         },
     )

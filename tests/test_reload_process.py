@@ -115,7 +115,8 @@ async def reload_twenty_times(
             os.kill(proxy.child.pid, signal.SIGHUP)  # type: ignore[union-attr]
         else:
             trigger = "admin"
-            async with session.post(f"{proxy.admin_url}/admin/reload") as r:
+            reload = f"{proxy.admin_url}/admin/reload"
+            async with session.post(reload, headers={"X-Requested-By": "test"}) as r:
                 assert r.status == 200 and (await r.json())["hash"] == digest
         line = await applied(proxy, digest)
         assert line["trigger"] == trigger, line

@@ -21,7 +21,7 @@ from testkit.waiting import eventually
 from tests.conftest import route
 
 KEY = "tvly-secret-key-0123456789"
-TOKEN = "admin-token-0123456789abcdef"
+TOKEN = "op-b7e2d9f4a1c8e3b6d0"
 OTHER_KEY = "other-secret-0123456789"
 
 

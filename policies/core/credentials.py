@@ -55,6 +55,16 @@ NOT_CREDENTIALS = frozenset(
 )
 
 
+# Query parameters that carry a credential though the rule does not name them: an OAuth
+# authorization `code` and a `refresh` token (in a body field, `code` is mostly an error code).
+QUERY_CREDENTIALS = frozenset({"code", "refresh"})
+
+
+def is_credential_param(name: str) -> bool:
+    """Whether a query parameter of this name carries a credential."""
+    return is_credential_name(name) or name.lower() in QUERY_CREDENTIALS
+
+
 @lru_cache(maxsize=4096)  # a request asks it of every header it carries; names repeat
 def is_credential_name(name: str) -> bool:
     """Whether a header, query parameter or field of this name carries a credential."""

@@ -124,8 +124,8 @@ class RateLimited(LocalRefusal):
 
 
 class CallBudgetSpent(LocalRefusal):
-    """The agent request made search_api.max_calls_per_request vendor calls: no more are made
-    for it (another provider's cache may still answer)."""
+    """The agent request made all the vendor calls it may (a route's max_calls_per_request,
+    search_api's or fetch_api's): no more are made for it (a cache may still answer)."""
 
     status = 503
     type = "call_budget_spent"
@@ -158,6 +158,15 @@ class UpstreamPoolExhausted(LocalRefusal):
     status = 503
     type = "upstream_pool_exhausted"
     summary = "all upstream connections busy"
+
+
+class MemoryBudgetFull(LocalRefusal):
+    """The bodies the process holds at once would pass server.max_buffered_bytes: our own
+    memory ran out, not the vendor; the breaker ignores it, a stale entry may stand in."""
+
+    status = 503
+    type = "memory_budget"
+    summary = "memory budget full"
 
 
 class CircuitOpen(LocalRefusal):

@@ -45,14 +45,22 @@ class Reply:
 
 class CallBudget:
     """How many vendor calls one agent request may still make, shared by every flow it starts
-    (a /v1/search request's queries and providers, their retries, variants and failovers).
-    The retry loop takes one per attempt and the hedge one per hedge; a call refused inside
-    the proxy (its limiter, its connection pool) gives its one back."""
+    (a route request's retries, hedges, variants and failovers; a /v1/search request's queries
+    and providers and all of theirs). The retry loop takes one per attempt and the hedge one
+    per hedge; a call refused inside the proxy (its limiter, its connection pool) gives its one
+    back. `setting` names the config key of `limit`, `advice` what the agent can do."""
 
-    __slots__ = ("limit", "spent")
+    __slots__ = ("advice", "limit", "setting", "spent")
 
-    def __init__(self, limit: int) -> None:
+    def __init__(
+        self,
+        limit: int,
+        setting: str = "search_api.max_calls_per_request",
+        advice: str = "send fewer queries or providers",
+    ) -> None:
         self.limit = limit
+        self.setting = setting
+        self.advice = advice
         self.spent = 0
 
     def spend(self) -> bool:
@@ -97,6 +105,9 @@ class Context:
     deadline: float  # clock.now() value after which no attempt may run
     started: float
     calls: CallBudget | None = None  # the request's bound on vendor calls; None: no bound
+    # A flow sent to a route serving as another route's fallback: its own fallbacks are not
+    # followed (failover is one level deep, so a graph of fallbacks cannot multiply a request).
+    fallback: bool = False
     # Where interim messages of a long answer go while it is still running (an MCP server's
     # progress notifications), relayed to the agent at once; None: they are dropped.
     interim: Callable[[bytes], Awaitable[None]] | None = None

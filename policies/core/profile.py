@@ -207,6 +207,10 @@ class VendorProfile:
     # What a custom profile cannot write in YAML: it has them by `extends`, which copies the
     # built-in's record whole; a profile written from scratch has none of them.
     key_slot: CredentialSlot | None = None  # where an agent's own key goes; None: no key taken
+    # Top-level JSON body fields the vendor also reads a key from (Tavily's `api_key`, which
+    # tavily-mcp and older wrappers send beside the header): a client token there is removed,
+    # and a route injecting its own key puts it there too, so the vendor sees one key.
+    key_fields: tuple[str, ...] = ()
     options: VendorOptions = NO_OPTIONS  # unified option -> request field; unlisted: dropped
     details: DetailFields = DetailFields()  # score, dates and rank of each result
     answer: AnswerTemplate = dataclasses.field(default_factory=AnswerTemplate)

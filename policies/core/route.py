@@ -12,6 +12,7 @@ from policies.core.errors import seconds_text
 from policies.core.settings import (
     FIELD_CONTROL,
     HEADER_NAME,
+    Collector,
     ConfigError,
     join,
     mapping,
@@ -19,6 +20,25 @@ from policies.core.settings import (
     section,
     texts,
 )
+
+# Hop-by-hop headers (RFC 9110 §7.6.1), stripped both ways.
+HOP_BY_HOP = frozenset(
+    {
+        "connection",
+        "keep-alive",
+        "proxy-connection",
+        "te",
+        "trailer",
+        "transfer-encoding",
+        "upgrade",
+        "proxy-authenticate",
+        "proxy-authorization",
+    }
+)
+# What the proxy itself writes on an upstream request, never an agent's or a route's: aiohttp
+# derives Host from the URL and frames the body, and negotiates the Accept-Encoding it decodes.
+# A `Content-Length: 5` set by a route on a 16-byte body desyncs the pooled connection.
+PROXY_OWNED = HOP_BY_HOP | {"host", "content-length", "accept-encoding", "expect"}
 
 C = TypeVar("C")
 C_co = TypeVar("C_co", covariant=True)
@@ -68,6 +88,9 @@ class RouteConfig:
     headers: HeaderRules = HeaderRules()
     # The largest answer read from the vendor, counted after decompression.
     max_response_bytes: int = 8 * 1024 * 1024
+    # Vendor calls one agent request may cause: its retries, hedges, simplified variants and
+    # failovers (each fallback's own calls included) all spend from it.
+    max_calls_per_request: int = 20
     sections: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
 
     def get(self, section: Keyed[C]) -> C | None:
@@ -110,10 +133,25 @@ def parse_timeouts(raw: Any, path: str) -> Timeouts:
 def parse_headers(raw: Any, path: str) -> HeaderRules:
     data = mapping(raw, path, ("set", "remove"))
     set_raw = mapping(data.get("set"), join(path, "set"), tuple(data.get("set") or {}))
+    collect = Collector()  # every bad header in one run
     for name, value in set_raw.items():
+        where = join(path, f"set.{name}")
         if not isinstance(name, str) or not HEADER_NAME.match(name):
-            raise ConfigError(join(path, f"set.{name}"), "not a valid header name")
-        if not isinstance(value, str) or FIELD_CONTROL.search(value):
-            raise ConfigError(join(path, f"set.{name}"), "expected a one-line string value")
+            collect.add(where, "not a valid header name")
+        elif name.lower() in PROXY_OWNED:
+            collect.add(where, _owned(name))
+        elif not isinstance(value, str) or FIELD_CONTROL.search(value):
+            collect.add(where, "expected a one-line string value")
     remove = texts(data.get("remove", []), join(path, "remove"))
+    for i, name in enumerate(remove):
+        if name.lower() in PROXY_OWNED:
+            collect.add(join(path, f"remove[{i}]"), _owned(name))
+    collect.raise_any()
     return HeaderRules(set=MappingProxyType(dict(set_raw)), remove=remove)
+
+
+def _owned(name: str) -> str:
+    return (
+        f"{name} is the proxy's own to write (hop-by-hop, or the request's framing or target): "
+        "a route may neither set nor remove it"
+    )

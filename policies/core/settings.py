@@ -216,6 +216,23 @@ def whole_in(minimum: int = 0, maximum: int | None = None) -> Parser:
     return lambda value, path: whole(value, path, minimum, maximum)
 
 
+# No search vendor serves one key anywhere near this many calls a second (Tavily's production
+# keys: 1,000 a minute): a floor of retries or hedges above it is a typo, not a plan.
+MAX_CALLS_PER_S = 1000
+
+
+def calls_per_s(value: Any, path: str) -> int:
+    """A whole number of vendor calls a second, 0 to MAX_CALLS_PER_S."""
+    found = whole(value, path)
+    if found > MAX_CALLS_PER_S:
+        raise ConfigError(
+            path,
+            f"{found} calls a second is more than any search vendor serves (at most "
+            f"{MAX_CALLS_PER_S}); a floor that high would let every failure be retried",
+        )
+    return found
+
+
 def number(value: Any, path: str, minimum: float = 0.0, maximum: float | None = None) -> float:
     """A finite number in range; a decimal string (from `${VAR}`) counts as one."""
     if isinstance(value, str) and _DECIMAL.match(value):

@@ -22,11 +22,13 @@ from policies.profiles.assess import assess, classify, error_message, ratelimit_
 from policies.profiles.details import ResultDetails, extract_details
 from policies.profiles.options import apply_options, read_options
 from policies.profiles.query import (
+    body_keys,
     build_search,
     build_search_request,
     credential_slot,
     extract_query,
     replace_query,
+    with_body_key,
     with_credential,
 )
 from policies.profiles.render import render_answer
@@ -55,6 +57,7 @@ __all__ = [
     "Verdict",
     "apply_options",
     "assess",
+    "body_keys",
     "build_search",
     "build_search_request",
     "classify",
@@ -68,5 +71,6 @@ __all__ = [
     "read_options",
     "render_answer",
     "replace_query",
+    "with_body_key",
     "with_credential",
 ]

@@ -11,6 +11,8 @@ from datetime import datetime
 from typing import Any
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
+import orjson
+
 from policies.core.options import SearchOptions
 from policies.core.profile import (
     CredentialSlot,
@@ -208,3 +210,37 @@ def with_credential(profile: VendorProfile, request: SearchRequest, key: str) ->
     if slot.kind == "query":
         return dataclasses.replace(request, query_params={**request.query_params, slot.name: key})
     return dataclasses.replace(request, headers={**request.headers, slot.name: slot.prefix + key})
+
+
+def _object(body: bytes, fields: tuple[str, ...]) -> dict[str, Any] | None:
+    """The JSON object `body` is, when it names one of `fields` (else None, unparsed)."""
+    if not fields or not any(b'"' + f.encode() + b'"' in body for f in fields):
+        return None
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError:
+        return None
+    return data if isinstance(data, dict) else None
+
+
+def body_keys(body: bytes, fields: tuple[str, ...]) -> dict[str, str]:
+    """The text values of `fields` at the top of JSON object `body`."""
+    data = _object(body, fields)
+    if data is None:
+        return {}
+    return {f: v for f in fields if isinstance(v := data.get(f), str) and v}
+
+
+def with_body_key(body: bytes, fields: tuple[str, ...], key: str | None) -> bytes:
+    """`body` with each of `fields` it has set to `key` (None: removed); as it was when it
+    has none of them."""
+    data = _object(body, fields)
+    if data is None or not any(f in data for f in fields):
+        return body
+    for f in fields:
+        if f in data:
+            if key is None:
+                del data[f]
+            else:
+                data[f] = key
+    return orjson.dumps(data)

@@ -112,6 +112,7 @@ TAVILY = VendorProfile(
     max_results_field="max_results",
     max_results_cap=20,
     key_slot=CredentialSlot("header", "Authorization", "Bearer "),
+    key_fields=("api_key",),
     # tavily-python 0.8.5 and Tavily's OpenAPI document. Its SDK also sends `language`, in a
     # format not documented there: dropped rather than guessed.
     options=VendorOptions(

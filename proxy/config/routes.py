@@ -22,6 +22,7 @@ from policies.core.settings import (
     parse_size,
     text,
     whole,
+    whole_in,
 )
 
 # Paths the proxy answers itself; no route may claim them.
@@ -34,6 +35,8 @@ RESERVED_PATHS = (
     "/v1/fetch",
     "/openapi.json",
 )
+# Upper bound of a route's max_calls_per_request: every call holds an upstream connection.
+MAX_ROUTE_CALLS = 1000
 _ROUTE_NAME = re.compile(r"^[a-z0-9][a-z0-9_-]{0,62}$")
 # The one kind of route other routes and /v1/search name as providers.
 SEARCH = "search"
@@ -92,6 +95,7 @@ _ROUTE_KEYS: dict[str, Parser] = {
 }
 _LAST_KEYS: dict[str, Parser] = {
     "max_response_bytes": lambda v, p: whole(parse_size(v, p), p, 1),
+    "max_calls_per_request": whole_in(1, MAX_ROUTE_CALLS),
 }
 
 
@@ -134,9 +138,10 @@ def route_config(name: str, parts: Mapping[str, Any]) -> RouteConfig:
 
 def check_routes(routes: Mapping[str, RouteConfig], named: Mapping[Any, Any]) -> list[ConfigError]:
     """What is wrong with each route next to its own sections and to the other routes: each
-    section's own checks, then the routes it names as providers (they must exist, search, and
-    lead to no cycle). `named` is every route the document names, parsed or not: a broken
-    route has its own errors and is not reported again by those that name it."""
+    section's own checks, then the routes it names as providers (they must exist and search).
+    Fallbacks may name each other: failover is one level deep (policies/failover.py). `named`
+    is every route the document names, parsed or not: a broken route has its own errors and is
+    not reported again by those that name it."""
     errors: list[ConfigError] = []
     sections = chain.sections()
     for name, route in routes.items():
@@ -148,7 +153,6 @@ def check_routes(routes: Mapping[str, RouteConfig], named: Mapping[Any, Any]) ->
             if problems:
                 continue  # a section its route refuses is not followed further
             errors += _references(name, where, section.refers(cfg), routes, named)
-    errors += _cycles(routes)
     return errors
 
 
@@ -189,37 +193,4 @@ def _references(
                     join(where, sub), f"{other!r} is not another route with a search section"
                 )
             )
-    return errors
-
-
-def _cycles(routes: Mapping[str, RouteConfig]) -> list[ConfigError]:
-    """A provider's chain has its own failover: a cycle would pass a search round for ever."""
-    sections = chain.sections()
-
-    def named_by(name: str) -> list[tuple[str, str]]:
-        route = routes.get(name)
-        if route is None:
-            return []
-        return [
-            (key, other)
-            for key, cfg in route.sections.items()
-            for _, other in sections[key].refers(cfg)
-        ]
-
-    errors = []
-    for name in routes:
-        reached, todo = {name}, named_by(name)
-        while todo:
-            _, other = todo.pop()
-            if other == name:
-                errors.append(
-                    ConfigError(
-                        f"routes.{name}.{named_by(name)[0][0]}",
-                        "fallbacks lead back to this route (a cycle); remove one fallback",
-                    )
-                )
-                break
-            if other not in reached:
-                reached.add(other)
-                todo.extend(named_by(other))
     return errors

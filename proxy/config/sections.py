@@ -39,6 +39,7 @@ from policies.core.settings import (
     section,
     text,
     texts,
+    whole,
     whole_in,
 )
 from proxy.config.fetch import FetchApiConfig
@@ -61,20 +62,26 @@ class ServerConfig:
     host: str = "127.0.0.1"
     port: int = 8080
     max_body_bytes: int = 1024 * 1024
+    # Every body held in memory at once: agents' bodies, buffered answers (proxy/budget.py).
+    max_buffered_bytes: int = 32 * 1024 * 1024
     shutdown_grace: float = 20.0
     admin_token: str | None = None
     # The admin endpoints' own listener; off loopback only with admin_token (proxy/admin.py).
     admin_host: str = "127.0.0.1"
     admin_port: int = 8081
+    # Without a token: Host names the admin endpoints answer besides loopback ones.
+    admin_names: tuple[str, ...] = ()
     upstream_connections: int = 256
     upstream_connections_per_host: int = 64
     keepalive_timeout: float = 15.0  # the upstream pool's idle connections
     # Limits on agents' connections (nginx's defaults; see proxy/guard.py).
     header_timeout: float = 60.0
     body_timeout: float = 60.0
+    request_timeout: float = 60.0  # the request line, headers and whole body
     send_timeout: float = 60.0
     client_keepalive_timeout: float = 75.0
     max_connections: int = 1000
+    max_connections_per_peer: int | None = None  # None: half of max_connections
     # Reload when the config file changes (proxy/reload.py); SIGHUP and POST /admin/reload
     # reload whatever this says.
     watch_config: bool = True
@@ -141,7 +148,7 @@ class Config:
 
 
 def parse_server(raw: Any, path: str) -> ServerConfig:
-    return section(
+    cfg = section(
         raw,
         path,
         ServerConfig,
@@ -149,22 +156,52 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "host": host,
             "port": port,
             "max_body_bytes": parse_size,
+            "max_buffered_bytes": lambda v, p: whole(parse_size(v, p), p, 1),
             "shutdown_grace": parse_duration,
             "admin_token": text,
             "admin_host": host,
             "admin_port": port,
+            "admin_names": _names,
             "upstream_connections": whole_in(1),
             "upstream_connections_per_host": whole_in(0),
             "keepalive_timeout": parse_duration,
             "header_timeout": positive_duration,
             "body_timeout": positive_duration,
+            "request_timeout": positive_duration,
             "send_timeout": positive_duration,
             "client_keepalive_timeout": positive_duration,
             "max_connections": whole_in(1),
+            "max_connections_per_peer": whole_in(1),
             "watch_config": boolean,
             "event_loop": parse_event_loop,
         },
     )
+    if cfg.max_body_bytes > cfg.max_buffered_bytes:
+        given = raw if isinstance(raw, dict) else {}
+        where = "max_body_bytes" if "max_body_bytes" in given else "max_buffered_bytes"
+        raise ConfigError(
+            join(path, where),
+            f"max_body_bytes ({cfg.max_body_bytes}) is more than the process may hold of all "
+            f"bodies at once, max_buffered_bytes ({cfg.max_buffered_bytes}): no such body "
+            "could ever be read; lower max_body_bytes",
+        )
+    per_peer = cfg.max_connections_per_peer
+    if per_peer is not None and per_peer > cfg.max_connections:
+        raise ConfigError(
+            join(path, "max_connections_per_peer"),
+            f"{per_peer} is more than server.max_connections ({cfg.max_connections}): one "
+            "address could take every connection; lower it, or leave it out (half of "
+            "max_connections)",
+        )
+    return cfg
+
+
+def _names(value: Any, path: str) -> tuple[str, ...]:
+    """Host names (DNS names or addresses), as a Host header would carry them."""
+    found = texts(value, path)
+    for i, name in enumerate(found):
+        host(name, f"{path}[{i}]")
+    return found
 
 
 def parse_redis(raw: Any, path: str) -> RedisConfig:

@@ -140,6 +140,13 @@ def exchange(proxy: ProxyProcess, raw: bytes) -> tuple[str, int, dict[str, str],
         return parse(read_until_closed(sock, 5)[0])
 
 
+def healthy(sock: socket.socket) -> bool:
+    """Whether /healthz answers 200 on this new connection, which it then closes."""
+    with sock:
+        sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+        return parse(read_until_closed(sock, 2)[0])[1] == 200
+
+
 def error_type(answer: tuple[str, int, dict[str, str], Any]) -> str:
     line, _, headers, body = answer
     assert line.startswith("HTTP/1.1 "), line
@@ -150,15 +157,6 @@ def error_type(answer: tuple[str, int, dict[str, str], Any]) -> str:
 
 # ---------------------------------------------------------------------------------------------
 # Fixtures: one vendor, one endless upstream and one proxy for the module
-
-
-@pytest.fixture(scope="module")
-def fake() -> Iterator[FakeVendor]:
-    vendor = FakeVendor()
-    served = vendor.start_in_thread()
-    vendor.url = served.url  # type: ignore[attr-defined]
-    yield vendor
-    served.stop()
 
 
 @pytest.fixture(scope="module")
@@ -355,7 +353,8 @@ def test_x_forwarded_host_is_the_host_we_were_sent_not_the_agents_claim(proxy, f
 
 def test_past_max_connections_agents_are_refused_fast_and_once_a_slot_frees_served(fake):
     config = {
-        "server": {"max_connections": 20, "header_timeout": "10s"},
+        # Every connection comes from 127.0.0.1: the per-peer cap at the total, not half of it.
+        "server": {"max_connections": 20, "max_connections_per_peer": 20, "header_timeout": "10s"},
         "routes": {"v": route(fake.url, "/v")},  # type: ignore[attr-defined]
     }
     with ProxyProcess(config) as proxy:
@@ -371,12 +370,7 @@ def test_past_max_connections_agents_are_refused_fast_and_once_a_slot_frees_serv
                 assert took < 0.5
             hogs.pop().close()
 
-            def served() -> bool:
-                with connect(proxy) as sock:
-                    sock.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
-                    return parse(read_until_closed(sock, 2)[0])[1] == 200
-
-            wait_until(served, 3, interval=0.05)
+            wait_until(lambda: healthy(connect(proxy)), 3, interval=0.05)
         finally:
             for hog in hogs:
                 hog.close()

@@ -19,7 +19,7 @@ from testkit.procs import ROOT, free_port
 from testkit.proxyprocess import ProxyProcess
 from tests.conftest import route
 
-ADMIN_TOKEN = "admin-SECRET-0123456789abcdef"
+ADMIN_TOKEN = "op-S3CR3T-4e9b2c7f1a8d3e6b"
 # Keys the operator configures, in headers the old fixed list did not know.
 SET_KEYS = {
     "X-Goog-Api-Key": "set-SECRET-goog",

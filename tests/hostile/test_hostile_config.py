@@ -274,7 +274,7 @@ def _error(raw: dict[str, Any]) -> str:
         ),
         (
             _route(retry={"budget": {"ratio": float("inf")}}),
-            "routes.a.retry.budget.ratio: expected a number >= 0.0",
+            "routes.a.retry.budget.ratio: expected a number from 0.0 to 1.0",
         ),
         (_route(rate_limit={"rate": "1/s", "burst": 0}), "routes.a.rate_limit.burst: expected"),
         (_route(rate_limit={"rate": "1/s", "burst": 10**7}), "routes.a.rate_limit.burst: expect"),

@@ -18,6 +18,7 @@ from aiohttp import streams
 
 from policies.core.clock import ManualClock
 from proxy.app import STATE
+from proxy.bodies import MAX_JSON_DEPTH
 from proxy.config import ConfigError, parse_config
 from testkit.fakevendor import FakeVendor
 from tests.conftest import route
@@ -397,11 +398,10 @@ def nested_list(depth: int, inner: bytes = b"") -> bytes:
     return b"[" * depth + inner + b"]" * depth
 
 
-@pytest.mark.parametrize("depth", [300, 100_000])
-async def test_a_deeply_nested_request_body_is_forwarded_and_cached(
-    depth: int, upstream: RawUpstream, start_proxy: Any
+async def test_a_request_body_nested_to_the_limit_is_forwarded_and_cached(
+    upstream: RawUpstream, start_proxy: Any
 ) -> None:
-    body = b'{"query":"x","a":' + nested_list(depth) + b"}"
+    body = b'{"query":"x","a":' + nested_list(MAX_JSON_DEPTH - 1) + b"}"
     cache = {"ttl": "10m"}
     client = await start_proxy({"routes": {"v": route(upstream.url, "/v", cache=cache)}})
     headers = {"Content-Type": "application/json"}
@@ -410,6 +410,17 @@ async def test_a_deeply_nested_request_body_is_forwarded_and_cached(
     again = await client.post("/v/search", data=body, headers=headers)
     assert (again.status, again.headers["X-Cache"]) == (200, "HIT")
     assert upstream.requests == 1
+
+
+@pytest.mark.parametrize("depth", [300, 100_000])
+async def test_a_request_body_nested_past_it_is_refused_before_the_vendor(
+    depth: int, upstream: RawUpstream, start_proxy: Any
+) -> None:
+    body = b'{"query":"x","a":' + nested_list(depth) + b"}"
+    client = await start_proxy({"routes": {"v": route(upstream.url, "/v")}})
+    r = await client.post("/v/search", data=body, headers={"Content-Type": "application/json"})
+    assert r.status == 400 and r.headers["X-Proxy-Error"] == "bad_request"
+    assert upstream.requests == 0
 
 
 async def test_a_deeply_nested_vendor_answer_is_malformed_not_a_500(

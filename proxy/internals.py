@@ -1,0 +1,78 @@
+"""The private parts of aiohttp that proxy/guard.py builds every connection limit on, checked
+at start-up: an aiohttp that moved one would leave the limits silently off, so the proxy
+refuses to start and names what is missing instead of serving unguarded."""
+
+from __future__ import annotations
+
+import asyncio
+from types import ModuleType
+from typing import Any
+
+import aiohttp
+from aiohttp import web, web_protocol, web_runner
+
+# Names of the per-connection protocol (RequestHandler and its BaseProtocol): slots read and
+# written by ClientConnection, and the methods it overrides or calls.
+HANDLER_NAMES = (
+    "_messages",
+    "_request_count",
+    "_request_in_progress",
+    "_lingering_time",
+    "_reading_paused",
+    "_buffer_paused",
+    "_paused",
+    "_loop",
+    "_drain_helper",
+    "data_received",
+    "connection_made",
+    "connection_lost",
+    "finish_response",
+    "handle_error",
+    "force_close",
+    "log_exception",
+)
+# Attributes a Server sets in its __init__ that GuardedServer copies from AppRunner's.
+SERVER_NAMES = ("_kwargs", "request_handler", "request_factory", "handler_cancellation")
+RUNNER_NAMES = ("_make_server",)
+MODULE_NAMES = ("ERROR",)  # aiohttp.web_protocol.ERROR: its stand-in for an unparsed request
+
+
+def _server_attributes(server: type[Any]) -> set[str]:
+    """The attributes a Server instance has once built (set in __init__, not on the class)."""
+
+    async def noop(request: Any) -> Any:
+        return None
+
+    loop = asyncio.new_event_loop()
+    try:
+        built = server(noop, loop=loop)
+        return set(vars(built)) | set(dir(server))
+    finally:
+        loop.close()
+
+
+def missing_internals(
+    handler: type[Any] = web_protocol.RequestHandler,
+    server: type[Any] = web.Server,
+    runner: type[Any] = web_runner.AppRunner,
+    module: ModuleType = web_protocol,
+) -> list[str]:
+    """The private names guard.py relies on that this aiohttp lacks (empty: all there)."""
+    missing = [f"{handler.__name__}.{n}" for n in HANDLER_NAMES if not hasattr(handler, n)]
+    has = _server_attributes(server)
+    missing += [f"{server.__name__}.{n}" for n in SERVER_NAMES if n not in has]
+    missing += [f"{runner.__name__}.{n}" for n in RUNNER_NAMES if not hasattr(runner, n)]
+    missing += [f"{module.__name__}.{n}" for n in MODULE_NAMES if not hasattr(module, n)]
+    return missing
+
+
+def internals_problem() -> str | None:
+    """Why this aiohttp cannot serve with the proxy's connection limits, or None."""
+    missing = missing_internals()
+    if not missing:
+        return None
+    return (
+        f"aiohttp {aiohttp.__version__} lacks what proxy/guard.py's connection limits rely on "
+        f"({', '.join(missing)}); refusing to serve without them: install the aiohttp version "
+        "pyproject.toml pins (pip install 'aiohttp>=3.14,<3.15')"
+    )
