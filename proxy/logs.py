@@ -72,6 +72,17 @@ class Redactor:
         return event
 
 
+class _Worker:
+    """The structlog processor that names the worker writing each line."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        event.setdefault("worker", self.index)
+        return event
+
+
 def _orjson_dumps(obj: Any, default: Any = None) -> bytes:
     return orjson.dumps(obj, default=default or str)
 
@@ -126,9 +137,11 @@ def configure_logging(
     fmt: str = "json",
     stream: TextIO | None = None,
     secrets: Iterable[str] = (),
+    worker: int | None = None,
 ) -> None:
     """Set structlog up once per process; JSON by default, console lines for humans. `secrets`
-    (the config's, `secret_values`) never appear in a line, wherever they turn up."""
+    (the config's, `secret_values`) never appear in a line, wherever they turn up. A `worker`
+    of several (server.workers) says its index in every line."""
     global _REDACTOR
     out = stream or sys.stdout
     numeric = logging.getLevelNamesMapping()[level.upper()]
@@ -140,6 +153,8 @@ def configure_logging(
         structlog.processors.format_exc_info,
         _REDACTOR,
     ]
+    if worker is not None:
+        processors.insert(0, _Worker(worker))
     if fmt == "json":
         processors.append(structlog.processors.JSONRenderer(serializer=_orjson_dumps))
         # orjson renders bytes: write them to the text stream's binary buffer underneath.

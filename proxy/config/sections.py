@@ -43,6 +43,7 @@ from policies.core.settings import (
 )
 from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
+from proxy.cores import parse_workers
 from proxy.loops import parse_event_loop
 from proxy.redact import redact_url
 
@@ -80,6 +81,8 @@ class ServerConfig:
     watch_config: bool = True
     # The event loop: uvloop when it is installed (auto), or the one named (proxy/loops.py).
     event_loop: str = "auto"
+    # Processes serving the port (SO_REUSEPORT), or `auto`: one per CPU (proxy/supervisor.py).
+    workers: int | str = 1
 
 
 @dataclass(frozen=True)
@@ -163,6 +166,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "max_connections": whole_in(1),
             "watch_config": boolean,
             "event_loop": parse_event_loop,
+            "workers": parse_workers,
         },
     )
 
