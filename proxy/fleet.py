@@ -13,6 +13,7 @@ import aiohttp
 import orjson
 from aiohttp import web
 from aiohttp.typedefs import Handler, Middleware
+from prometheus_client import generate_latest
 
 from policies.core.errors import ProxyError
 from proxy.admin import AdminHandler
@@ -53,8 +54,11 @@ async def exposition(fleet: Fleet, metrics: Metrics) -> bytes:
     """The fleet's /metrics: every worker snapshots its own (one that does not answer counts
     with its last snapshot), then the snapshots are added up."""
     asked = (ask(fleet, i, "POST", "/fleet/snapshot") for i in fleet.siblings)
-    await asyncio.gather(snapshot(fleet, metrics), *asked)
-    return await asyncio.to_thread(fleet_exposition, fleet.run_dir, fleet.workers)
+    try:
+        await asyncio.gather(snapshot(fleet, metrics), *asked)
+        return await asyncio.to_thread(fleet_exposition, fleet.run_dir, fleet.workers)
+    except OSError:  # the run directory is gone: the supervisor is exiting
+        return generate_latest(metrics.registry)
 
 
 def fan_out(fleet: Fleet) -> Middleware:
@@ -164,7 +168,10 @@ def sibling_app(app: web.Application, fleet: Fleet) -> web.Application:
     own[RELOADER] = app[RELOADER]
 
     async def snapshot_now(request: web.Request) -> web.Response:
-        await snapshot(fleet, request.app[STATE].metrics)
+        try:
+            await snapshot(fleet, request.app[STATE].metrics)
+        except OSError as exc:  # the run directory is gone: the supervisor is exiting
+            return web.json_response({"error": str(exc)}, status=503)
         return web.json_response({"pid": os.getpid()})
 
     own.router.add_post("/fleet/snapshot", snapshot_now)

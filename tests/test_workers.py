@@ -121,12 +121,20 @@ async def test_a_killed_worker_is_restarted_and_no_count_is_lost(vendor, redis_s
         assert await metric(http, proxy, "search_proxy_worker_restarts_total") == 1
         assert await metric(http, proxy, "search_proxy_workers ") == 2
         assert await metric(http, proxy, "search_proxy_redis_up ") == 1
+        lines = proxy.events("request")
+        after = [e["worker"] for e in lines if e["timestamp"] > back["timestamp"]]
+        assert set(after) == {0, 1}  # the restarted worker serves again
+
+        # Dying again soon after its start is a crash loop: the next start waits, and longer
+        # each time.
+        os.kill(back["pid"], signal.SIGKILL)
+        await eventually(lambda: len(proxy.events("worker_exited")) == 2, within=5.0)
+        again = proxy.events("worker_exited")[1]
+        assert (again["quick_deaths"], again["restart_in_s"]) == (2, 0.5)
+        await eventually(lambda: len(proxy.events("worker_restarted")) == 2, within=10.0)
     finally:
         assert await stopped(proxy) == 0
     assert vendor.count() == 10 + 20 + SPREAD
-    lines = proxy.events("request")
-    after = [e["worker"] for e in lines if e["timestamp"] > back["timestamp"]]
-    assert set(after) == {0, 1}  # the restarted worker serves again
 
 
 async def test_sigterm_drains_every_worker_and_the_supervisor_exits_0(vendor, redis_server, http):
@@ -146,8 +154,11 @@ async def test_sigterm_drains_every_worker_and_the_supervisor_exits_0(vendor, re
     await asyncio.to_thread(proxy.stop)
 
 
-async def test_sighup_and_admin_reload_reload_every_worker(vendor, redis_server, http, tmp_path):
-    config = fleet_config(vendor.url, redis_server)
+async def test_sighup_reload_and_admin_calls_reach_every_worker(
+    vendor, redis_server, http, tmp_path
+):
+    cached = {"cache": {"ttl": "1m"}, "breaker": {"fail_max": 5, "reset_timeout": "30s"}}
+    config = fleet_config(vendor.url, redis_server, c=route(vendor.url, "/c", **cached))
     path = tmp_path / "c.yaml"
     path.write_text(yaml.safe_dump(config))
     proxy = ProxyProcess(None, config_path=str(path))
@@ -172,16 +183,28 @@ async def test_sighup_and_admin_reload_reload_every_worker(vendor, redis_server,
             (1, "applied"),
         ]
         await wait_reloads(proxy, "admin")
-        # A worker restarted now starts on what the fleet reloaded to, not what it started on.
+        # A worker restarted now starts on what the fleet reloaded to, not what it started on;
+        # worker 0 brings the admin listener back with it.
         (listening,) = proxy.events("listening")
-        os.kill(listening["pids"][1], signal.SIGKILL)
+        os.kill(listening["pids"][0], signal.SIGKILL)
         await asyncio.to_thread(proxy.wait_for_event, "worker_restarted", 10.0)
         assert await post_many(http, f"{proxy.url}/w3/search") == [200] * SPREAD
         assert set(served_by(proxy, "w3")) == {0, 1}
 
         # Admin calls on a worker's own state are made on every worker, answered for all.
-        async with http.post(f"{proxy.admin_url}/admin/breakers/v/reset") as r:
-            assert r.status == 404  # no breaker: refused once, not passed on
+        assert await post_many(http, f"{proxy.url}/c/search") == [200] * SPREAD
+        async with http.delete(f"{proxy.admin_url}/admin/cache/c") as r:
+            assert r.status == 200
+            purged = await r.json()
+        assert [w["worker"] for w in purged["workers"]] == [0, 1]
+        assert purged["local"] == sum(w["local"] for w in purged["workers"]) == SPREAD
+        async with http.post(f"{proxy.admin_url}/admin/breakers/c/reset") as r:
+            assert (await r.json())["workers"] == [
+                {"worker": 0, "state": "closed"},
+                {"worker": 1, "state": "closed"},
+            ]
+        async with http.delete(f"{proxy.admin_url}/admin/cache/v") as r:
+            assert r.status == 404  # no cache: refused once, not passed on
         async with http.get(f"{proxy.admin_url}/admin/status") as r:
             assert (await r.json())["worker"] == {"index": 0, "workers": 2}
     finally:
