@@ -20,7 +20,6 @@ from collections.abc import Callable
 from bench import (
     burst,
     chaos,
-    core,
     failover,
     fetch,
     hedge,
@@ -32,6 +31,7 @@ from bench import (
     resilience,
     retries,
     search,
+    workers,
 )
 from bench.procs import Pinning, detect_pinning
 from bench.report import Scenario
@@ -39,7 +39,7 @@ from testkit.procs import stop_all
 
 # A group runs its scenarios and hands each one, as soon as it is done, to the callback.
 GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
-    "core": core.run,
+    "core": workers.run,  # bench/core.py's figures, then one worker against two
     "retries": retries.run,
     "resilience": resilience.run,
     "search": search.run,

@@ -126,12 +126,13 @@ def proxy_config(
     port: int,
     log_level: str = "warning",
     redis: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
     **sections: Any,
 ) -> dict:
-    """A whole proxy config around `routes` (and `redis`, and other top-level `sections`, when
-    given); request logs are off unless log_level is info."""
+    """A whole proxy config around `routes` (and `redis`, `server` settings, and other top-level
+    `sections`, when given); request logs are off unless log_level is info."""
     config = {
-        "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s"},
+        "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s", **(server or {})},
         "log": {"level": log_level, "format": "json"},
         "routes": routes,
         **sections,
@@ -149,10 +150,13 @@ def proxy(
     log_level: str = "warning",
     timeout: float = 15.0,
     redis: dict[str, Any] | None = None,
+    server: dict[str, Any] | None = None,
+    cpus: str | None = None,
     **sections: Any,
 ) -> Iterator[tuple[str, Child]]:
-    """`python -m proxy` on the proxy CPU, ready once /healthz answers; yields (url, child).
-    `sections` are top-level config sections besides the routes (`mcp_server`, ...).
+    """`python -m proxy` on the proxy CPU (or on `cpus`, a taskset list: `0,1`), ready once
+    /healthz answers; yields (url, child). `sections` are top-level config sections besides the
+    routes (`mcp_server`, ...); `server` adds settings to its own (`workers` ...).
 
     At log level warning the proxy prints no "listening" line, so the port is chosen here.
     Raises testkit.procs.StartError with the proxy's own output when it exits or does not answer.
@@ -160,10 +164,14 @@ def proxy(
     port = free_port()
     fd, config_path = tempfile.mkstemp(prefix="bench-proxy-", suffix=".yaml")
     with os.fdopen(fd, "w") as f:
-        config = proxy_config(routes, port=port, log_level=log_level, redis=redis, **sections)
+        config = proxy_config(
+            routes, port=port, log_level=log_level, redis=redis, server=server, **sections
+        )
         yaml.safe_dump(config, f)
     try:
-        with proxy_from_file(pinning, config_path, port=port, timeout=timeout) as started:
+        with proxy_from_file(
+            pinning, config_path, port=port, timeout=timeout, cpus=cpus
+        ) as started:
             yield started
     finally:
         with contextlib.suppress(OSError):
@@ -172,12 +180,20 @@ def proxy(
 
 @contextlib.contextmanager
 def proxy_from_file(
-    pinning: Pinning, config_path: str, *, port: int | None = None, timeout: float = 15.0
+    pinning: Pinning,
+    config_path: str,
+    *,
+    port: int | None = None,
+    timeout: float = 15.0,
+    cpus: str | None = None,
 ) -> Iterator[tuple[str, Child]]:
-    """`python -m proxy --config FILE` on the proxy CPU, on a free port (the file's own is
-    overridden), ready once /healthz answers; yields (url, child)."""
+    """`python -m proxy --config FILE` on the proxy CPU (or `cpus`), on a free port (the file's
+    own is overridden), ready once /healthz answers; yields (url, child)."""
     port = port or free_port()
-    argv = [*pinning.prefix(pinning.proxy_cpu), sys.executable, "-m", "proxy"]
+    where = pinning.prefix(pinning.proxy_cpu)
+    if cpus is not None and pinning.enabled:
+        where = ["taskset", "-c", cpus]
+    argv = [*where, sys.executable, "-m", "proxy"]
     # Admin endpoints on a free port: proxies running side by side must not share one.
     argv += ["--config", config_path, "--port", str(port), "--admin-port", "0"]
     child = Child("proxy", argv)

@@ -34,6 +34,7 @@ from proxy.direct import DirectHooks
 from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
+from proxy.fleet import FLEET, exposition
 from proxy.forward import request_headers
 from proxy.generation import build_generation
 from proxy.keys import injected_key, one_key
@@ -204,10 +205,14 @@ async def readyz(request: web.Request) -> web.Response:
 
 
 async def metrics_endpoint(request: web.Request) -> web.Response:
-    """Prometheus exposition of this process's registry."""
+    """Prometheus exposition of this process's registry; a worker of several answers for all of
+    them, added up (proxy/fleetmetrics.py)."""
     state = request.app[STATE]
+    fleet = request.app.get(FLEET)
     return web.Response(
-        body=generate_latest(state.metrics.registry),
+        body=generate_latest(state.metrics.registry)
+        if fleet is None
+        else await exposition(fleet, state.metrics),
         headers={"Content-Type": CONTENT_TYPE_LATEST},
     )
 

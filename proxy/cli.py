@@ -10,9 +10,12 @@ import asyncio
 import dataclasses
 import gc
 import os
+import shutil
 import signal
 import sys
+import tempfile
 from collections.abc import Sequence
+from pathlib import Path
 
 import structlog
 import yaml
@@ -36,14 +39,17 @@ from proxy.config import (
     redacted,
     secret_values,
 )
+from proxy.cores import resolve
+from proxy.fleet import FLEET, fan_out, sibling_app
 from proxy.guard import CUT_MARGIN_S, GuardedRunner
 from proxy.internals import internals_problem
+from proxy.listeners import ADMIN, AGENTS, CannotListen, Listener, address, reason
 from proxy.logs import configure_logging
 from proxy.loops import chosen, loop_factory
 from proxy.redact import REDACTED
 from proxy.reload import RELOADER, config_hash
 from proxy.startup import check_startup, startup_errors
-from proxy.state import address
+from proxy.supervisor import CONFIG_FILE, Fleet, Plan
 
 EXIT_CONFIG = 2
 
@@ -104,18 +110,18 @@ def _report(exc: ConfigError) -> None:
         print(f"search-proxy: config error: {line}", file=sys.stderr)
 
 
-def _load(path: str) -> tuple[Config, str]:
-    """The config in `path`, parsed and built as start-up builds it (no port, no Redis command),
-    and the hash of the file: a config this returns cannot fail start-up; anything else is a
-    ConfigError, with every mistake found in one run (start-up's token checks beside the
-    document's own errors)."""
-    data = read_config_file(path)
+def _load(path: str, source: str | None = None) -> tuple[Config, bytes]:
+    """The config in `path` (read from `source` when given: a worker's copy of what the fleet
+    serves), parsed and built as start-up builds it (no port, no Redis command), and the bytes
+    read: a config this returns cannot fail start-up; anything else is a ConfigError, with every
+    mistake found in one run (start-up's token checks beside the document's own errors)."""
+    data = read_config_file(source or path)
     try:
         config = load_config(path, data=data)
     except InvalidConfig as exc:
         raise ConfigErrors([*exc.errors, *asyncio.run(startup_errors(exc.partial))]) from None
     asyncio.run(check_startup(config))
-    return config, config_hash(data)
+    return config, data
 
 
 def check_config(path: str) -> int:
@@ -133,33 +139,11 @@ def check_config(path: str) -> int:
     return 0
 
 
-class CannotListen(Exception):
-    """A listening socket could not be opened (address in use, no permission ...); the message
-    names the listener and how to give it another port."""
-
-    def __init__(self, host: str, port: int, reason: str, listener: Listener) -> None:
-        what, flags = listener
-        super().__init__(
-            f"cannot listen on {address(host, port)}{what}: {reason}; choose another port "
-            f"with {flags}"
-        )
-
-
-Listener = tuple[str, str]  # what it is (after its address), how to give it another port
-AGENTS: Listener = ("", "--port or server.port (make run PORT=...)")
-ADMIN: Listener = (
-    " for the admin endpoints",
-    "--admin-port or server.admin_port (make run ADMIN_PORT=...; 0 = any free port)",
-)
-
-
 async def _listen(site: web.TCPSite, host: str, port: int, listener: Listener) -> None:
     try:
         await site.start()
     except OSError as exc:
-        # asyncio's strerror repeats the address ("error while attempting to bind on ...").
-        reason = os.strerror(exc.errno) if exc.errno else str(exc)
-        raise CannotListen(host, port, reason, listener) from exc
+        raise CannotListen(host, port, reason(exc), listener) from exc
 
 
 async def serve(
@@ -170,12 +154,15 @@ async def serve(
     *,
     config_path: str | None = None,
     config_hash: str = "",
+    fleet: Fleet | None = None,
 ) -> None:
     """Serve agents on host:port and the admin endpoints on their own listener
     (server.admin_host, `admin_port` or server.admin_port) until SIGTERM or SIGINT, then drain:
     in-flight requests get shutdown_grace, those still running are cut (answered 503
     shutting_down, or logged `cut: shutdown` mid-stream) and the process exits within
-    shutdown_grace plus about a second. SIGHUP reloads `config_path` (proxy/reload.py)."""
+    shutdown_grace plus about a second. SIGHUP reloads `config_path` (proxy/reload.py).
+    A worker of a `fleet` shares the agents' port with its siblings (SO_REUSEPORT), worker 0
+    alone serves the admin listener, and each answers its siblings on its own socket."""
     log = structlog.get_logger("search_proxy")
     loop = asyncio.get_running_loop()
     max_connections, open_files = connection_budget(config.server)
@@ -192,6 +179,15 @@ async def serve(
         )
     limits = dataclasses.replace(config.server, max_connections=max_connections)
     app = build_app(config, config_path=config_path, config_hash=config_hash)
+    admin_app = build_admin_app(app)
+    runners: list[web.BaseRunner] = []  # what is set up, to clean up
+    if fleet is not None:
+        app[FLEET] = admin_app[FLEET] = fleet
+        app[RELOADER].on_applied = fleet.keep_config
+        admin_app.middlewares.append(fan_out(fleet))
+        runners.append(
+            web.AppRunner(sibling_app(app, fleet), access_log=None, handle_signals=False)
+        )
     runner = GuardedRunner(
         app,
         limits,
@@ -206,46 +202,49 @@ async def serve(
     # nginx's habit (and systemd's ExecReload): SIGHUP reloads the config, never ends the process.
     loop.add_signal_handler(signal.SIGHUP, app[RELOADER].request, "signal")
     admin_runner = GuardedRunner(
-        build_admin_app(app),
-        limits,
-        access_log=None,
-        shutdown_timeout=CUT_MARGIN_S,
-        handle_signals=False,
+        admin_app, limits, access_log=None, shutdown_timeout=CUT_MARGIN_S, handle_signals=False
     )
     admin_host = config.server.admin_host
     admin_port = config.server.admin_port if admin_port is None else admin_port
+    shared = True if fleet is not None else None  # SO_REUSEPORT: the supervisor holds the port
     try:
-        site = web.TCPSite(runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True)
+        site = web.TCPSite(
+            runner, host, port, backlog=LISTEN_BACKLOG, reuse_address=True, reuse_port=shared
+        )
         await _listen(site, host, port, AGENTS)
-        await admin_runner.setup()
-        admin_site = web.TCPSite(admin_runner, admin_host, admin_port)
-        await _listen(admin_site, admin_host, admin_port, ADMIN)
+        if fleet is None or fleet.index == 0:
+            await admin_runner.setup()
+            runners.insert(0, admin_runner)
+            admin_site = web.TCPSite(admin_runner, admin_host, admin_port, reuse_port=shared)
+            await _listen(admin_site, admin_host, admin_port, ADMIN)
+        if fleet is not None:
+            await runners[-1].setup()
+            await web.UnixSite(runners[-1], str(fleet.socket(fleet.index))).start()
     except CannotListen:
         loop.remove_signal_handler(signal.SIGHUP)
-        if admin_runner.server is not None:
-            await admin_runner.cleanup()
+        for other in runners:
+            if other.server is not None:
+                await other.cleanup()
         await runner.cleanup()
         raise
     # Everything built so far lives as long as the process: out of the collector's sight, a
     # full collection no longer walks it (the MCP server's pydantic models are many).
     gc.freeze()
     bound = runner.addresses[0]
-    admin_bound = admin_runner.addresses[0]
+    admin_bound = admin_runner.addresses[0] if admin_runner.server else (admin_host, admin_port)
     app[STATE].agents_address = address(bound[0], bound[1])
     app[STATE].admin_address = address(admin_bound[0], admin_bound[1])
     log.info(
-        "listening",
+        "listening" if fleet is None else "worker_listening",
         host=bound[0],
         port=bound[1],
         admin_host=admin_bound[0],
         admin_port=admin_bound[1],
-        routes={name: r.prefix for name, r in config.routes.items()},
-        redis="configured" if config.redis else "in-process state",
-        event_loop=chosen(config.server.event_loop),
+        **_listening(config, config_path, config_hash),
         max_connections=max_connections,
-        config_hash=config_hash,
-        watch_config=config.server.watch_config and config_path is not None,
     )
+    if fleet is not None:
+        fleet.ready()
     stop = asyncio.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
@@ -255,12 +254,53 @@ async def serve(
     log.info(
         "shutting_down", grace_s=grace, in_flight=runner.guarded.in_flight if runner.guarded else 0
     )
-    await admin_runner.cleanup()
+    for other in runners:
+        await other.cleanup()
     await runner.stop_accepting()
     cut = await runner.drain(deadline)
     await runner.cleanup()
     overload.flush()
     log.info("stopped", cut=cut)
+
+
+def _listening(config: Config, config_path: str | None, digest: str) -> dict[str, object]:
+    """What the `listening` line says of the config served."""
+    return {
+        "routes": {name: r.prefix for name, r in config.routes.items()},
+        "redis": "configured" if config.redis else "in-process state",
+        "event_loop": chosen(config.server.event_loop),
+        "config_hash": digest,
+        "watch_config": config.server.watch_config and config_path is not None,
+    }
+
+
+def _supervise(config: Config, data: bytes, opts: argparse.Namespace, workers: int) -> int:
+    """Become the supervisor of `workers` workers (proxy/supervisor.py): a fresh process image,
+    so it holds none of what validating the config loaded. Returns only if it cannot."""
+    run_dir = tempfile.mkdtemp(prefix="search-proxy-run-")  # the user's alone (0700)
+    (Path(run_dir) / CONFIG_FILE).write_bytes(data)
+    server = config.server
+    plan = Plan(
+        config=opts.config,
+        host=opts.host or server.host,
+        port=server.port if opts.port is None else opts.port,
+        admin_host=server.admin_host,
+        admin_port=server.admin_port if opts.admin_port is None else opts.admin_port,
+        workers=workers,
+        run_dir=run_dir,
+        log_level=config.log.level,
+        log_format=config.log.format,
+        listening=_listening(config, opts.config, config_hash(data)),
+    )
+    sys.stdout.flush()
+    sys.stderr.flush()
+    argv = plan.argv()
+    try:
+        os.execv(argv[0], argv)
+    except OSError as exc:
+        shutil.rmtree(run_dir, ignore_errors=True)
+        print(f"search-proxy: cannot start the supervisor: {exc}", file=sys.stderr)
+    return 1
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -276,12 +316,23 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problem is not None:
         print(f"search-proxy: {problem}", file=sys.stderr)
         return 1
+    fleet = Fleet.from_env()  # a worker: the supervisor's copy of the config it validated
+    if fleet is not None:
+        fleet.follow_supervisor()
     try:
-        config, digest = _load(opts.config)
+        config, data = _load(opts.config, str(fleet.config_file) if fleet else None)
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG
-    configure_logging(config.log.level, config.log.format, secrets=secret_values(config))
+    workers = resolve(config.server.workers) if fleet is None else 1
+    if workers > 1:
+        return _supervise(config, data, opts, workers)
+    configure_logging(
+        config.log.level,
+        config.log.format,
+        secrets=secret_values(config),
+        worker=fleet.index if fleet else None,
+    )
     host = opts.host or config.server.host
     port = config.server.port if opts.port is None else opts.port
     try:
@@ -293,7 +344,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     port,
                     opts.admin_port,
                     config_path=opts.config,
-                    config_hash=digest,
+                    config_hash=config_hash(data),
+                    fleet=fleet,
                 )
             )
     except CannotListen as exc:

@@ -22,8 +22,8 @@ from aiohttp import web
 from proxy.app import STATE, build_admin_app, build_app
 from proxy.config import Config, load_config, parse_config
 from proxy.guard import CUT_MARGIN_S, GuardedRunner
+from proxy.listeners import address
 from proxy.startup import check_startup
-from proxy.state import address
 
 T = TypeVar("T")
 ConfigSource = Mapping[str, Any] | str | Path | Config

@@ -83,6 +83,17 @@ class Redactor:
         return event
 
 
+class _Worker:
+    """The structlog processor that names the worker writing each line."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+
+    def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
+        event.setdefault("worker", self.index)
+        return event
+
+
 # Exact types, tested before anything slower: most fields of a line are these.
 _NUMBERS = frozenset({int, float, bool})
 
@@ -141,9 +152,11 @@ def configure_logging(
     fmt: str = "json",
     stream: TextIO | None = None,
     secrets: Iterable[str] = (),
+    worker: int | None = None,
 ) -> None:
     """Set structlog up once per process; JSON by default, console lines for humans. `secrets`
-    (the config's, `secret_values`) never appear in a line, wherever they turn up."""
+    (the config's, `secret_values`) never appear in a line, wherever they turn up. A `worker`
+    of several (server.workers) says its index in every line."""
     global _REDACTOR
     out = stream or sys.stdout
     numeric = logging.getLevelNamesMapping()[level.upper()]
@@ -156,6 +169,8 @@ def configure_logging(
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
+    if worker is not None:
+        processors.insert(0, _Worker(worker))
     if fmt == "json":
         processors.append(structlog.processors.JSONRenderer(serializer=_orjson_dumps))
         # orjson renders bytes: write them to the text stream's binary buffer underneath.

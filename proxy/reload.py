@@ -7,6 +7,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -174,6 +175,8 @@ class Reloader:
         self.seen = state.config_hash  # the content last read, applied or not
         self._closed = False
         self._settled: tuple[Any, ...] | None = self._signature()
+        # Told the bytes of each config applied (a worker keeps them for its restarted siblings).
+        self.on_applied: Callable[[bytes], None] | None = None
 
     def request(self, trigger: str) -> None:
         """Reload in the background (a signal handler cannot wait)."""
@@ -259,6 +262,8 @@ class Reloader:
         state.metrics.identify(__version__, digest)
         if old is not None:
             await old.release(generation)
+        if self.on_applied is not None:
+            self.on_applied(data)
         return report
 
     def _signature(self) -> tuple[Any, ...] | None:

@@ -17,6 +17,7 @@ from proxy.direct import DirectHooks
 from proxy.echo import EchoGuard
 from proxy.fetch_api import FetchApi
 from proxy.generation import Generation
+from proxy.listeners import address
 from proxy.mcp_server import McpEndpoint
 from proxy.metrics import Metrics, RouteMetrics
 from proxy.pipeline import Route
@@ -93,11 +94,6 @@ class ProxyState:
             self.series.declare(self.routes, self.config.search_api.providers)
         if self.pulse is not None:
             self.pulse.follow(self.config, [*self.routes, *self.endpoint_metrics])
-
-
-def address(host: str, port: int) -> str:
-    """`host:port`, an IPv6 host in brackets."""
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 STATE = web.AppKey("state", ProxyState)

@@ -219,6 +219,8 @@ function draw(s) {
     chip("version " + s.version), chip("config " + (s.config.hash || "–")),
     chip("watch " + (s.config.watch ? "on" : "off")),
     chip("Redis " + s.redis, redis, { redis: s.redis }), chip("up " + secs(s.uptime_s)));
+  if (s.worker) summary.append(chip("worker " + s.worker.index + " of " + s.worker.workers
+    + ": its own numbers; /metrics adds up all", "idle", { worker: s.worker.index }));
   if (reload) summary.append(chip("last reload " + reload.result + " (" + reload.trigger + ")",
     reload.result === "failed" ? "bad" : "ok", { reload: reload.result }));
   byId("routes").replaceChildren(...s.routes.map(routeCard));

@@ -20,6 +20,7 @@ from policies.core.settings import rate_text
 from policies.hedge import Hedge
 from policies.ratelimit import RateLimit
 from proxy import __version__
+from proxy.fleet import FLEET, status_note
 from proxy.pipeline import Route
 from proxy.redact import redact_url
 from proxy.reload import RELOADER
@@ -221,7 +222,9 @@ async def status_endpoint(request: web.Request) -> web.Response:
 
     async def handle(request: web.Request) -> web.Response:
         last = request.app[RELOADER].last
-        body = orjson.dumps(status_document(state, last.public() if last else None))
+        document = status_document(state, last.public() if last else None)
+        document["worker"] = status_note(request.app.get(FLEET))
+        body = orjson.dumps(document)
         return web.Response(
             body=body, content_type="application/json", headers={"Cache-Control": "no-store"}
         )

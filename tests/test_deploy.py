@@ -799,6 +799,11 @@ def test_gateway_mode(builds: dict[str, list[dict[str, Any]]]) -> None:
     assert {"name": "SEARCH_PROXY_URL", "value": url} in spec["containers"][0]["env"]
     assert find(docs, "PodDisruptionBudget", "search-proxy")
     assert find(docs, "ServiceMonitor", "search-proxy")
+    # A worker per CPU of its limit in the gateway; one in a sidecar, which serves one agent.
+    (proxy,) = gateway["spec"]["template"]["spec"]["containers"]
+    assert proxy["resources"]["limits"]["cpu"] == "2"
+    assert load_config(K8S_CONFIG, env=proxy_env(docs)).server.workers == "auto"
+    assert load_config(K8S_CONFIG, env=proxy_env(builds["base"])).server.workers == 1
 
 
 # ---------------------------------------------------------------------------------------------

@@ -25,6 +25,7 @@ import yaml
 from proxy import oauth
 from proxy.app import build_admin_app, build_app
 from proxy.config import ConfigErrors, parse_config
+from proxy.fleetmetrics import FLEET_METRICS, FLEET_RULES
 from proxy.metrics import Metrics
 from proxy.reload import RESTART_ONLY
 from proxy.testing.harness import DEMO_CONFIG
@@ -229,6 +230,8 @@ def exported_metrics() -> dict[str, tuple[str, ...]]:
         kind = getattr(collector, "_type", "")
         exposed = f"{name}_total" if kind == "counter" else name
         out[exposed] = tuple(getattr(collector, "_labelnames", ()))
+    for name, (kind, _) in FLEET_METRICS.items():  # the supervisor's, with several workers
+        out[f"{name}_total" if kind == "counter" else name] = ()
     return out
 
 
@@ -251,6 +254,19 @@ def test_every_metric_is_documented_with_its_labels_and_every_documented_one_exi
     assert sorted(documented.keys() - exported.keys()) == [], "in docs/metrics.md, not exported"
     for name, labels in exported.items():
         assert set(documented[name]) == set(labels), f"{name}: labels {labels}"
+
+
+def test_how_each_metric_adds_up_across_workers_is_documented_as_the_code_does_it() -> None:
+    text = sections(DOCS / "metrics.md", "### ")["Several workers"]
+    rows = {
+        cells[0]: set(re.findall(r"`([a-z_]+)`", cells[1]))
+        for line in text.splitlines()
+        if line.startswith("| ")
+        and len(cells := [c.strip() for c in line.strip("|").split("|")]) == 2
+    }
+    for rule in ("max", "min"):
+        assert rows[rule] == {name for name, how in FLEET_RULES.items() if how == rule}, rule
+    assert not rows["summed"] & FLEET_RULES.keys()
 
 
 # --------------------------------------------------------------------------- endpoints
@@ -298,8 +314,6 @@ def test_every_admin_endpoint_is_documented_and_exists() -> None:
 def test_the_reload_section_names_every_restart_only_setting() -> None:
     text = sections(DOCS / "endpoints.md")["Reload (SIGHUP, POST /admin/reload, the file watch)"]
     for path in RESTART_ONLY:
-        if path == "server.workers":
-            continue  # named for when it exists
         top, _, key = path.partition(".")
         assert f"`{key or top}`" in text or f"`{path}`" in text, f"{path} is not named"
 

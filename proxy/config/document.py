@@ -12,6 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from policies import faults, keypool, ratelimit, search
+from policies.core.redisclient import RedisConfig
 from policies.core.route import HeaderRules, RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES
@@ -33,6 +34,7 @@ from proxy.config.sections import (
     parse_search_api,
     parse_server,
 )
+from proxy.cores import AUTO
 
 TOP_LEVEL_KEYS = (
     "server",
@@ -158,6 +160,8 @@ def parse_config(raw: Any, env: Mapping[str, str] | None = None) -> Config:
         search_api = replace(search_api, providers=ordered)
 
     collect.errors += _agent_sections(routes, profiles, data.get("clients"))
+    if "server" in sections and ("redis" not in data or "redis" in sections):
+        collect.errors += workers_need_redis(sections["server"].workers, sections.get("redis"))
 
     if data.get("clients"):  # checked even when a client is broken: it has its own errors
         for name, route in routes.items():
@@ -216,6 +220,25 @@ def _with_variables(
         if (found := sources.get(f"{route}.headers.set.{name}"))
     }
     return replace(headers, variables=MappingProxyType(read)) if read else headers
+
+
+def workers_need_redis(workers: int | str, redis: RedisConfig | None) -> list[ConfigError]:
+    """Several workers without Redis would each hold the state a limit is counted in: refused at
+    `server.workers`, saying why and what to set."""
+    if workers == 1 or redis is not None:
+        return []
+    if workers == AUTO:
+        who, times = "auto starts a worker per CPU, and without redis each would", "their number"
+    else:
+        who, times = f"{workers} workers without redis would each", str(workers)
+    return [
+        ConfigError(
+            "server.workers",
+            f"{who} keep rate limits, breakers, the cache and client quotas to themselves, "
+            f"so a route limit of N would let {times} x N through: configure redis (a server all "
+            "workers share; a local redis-server will do) or set workers: 1",
+        )
+    ]
 
 
 def _agent_sections(

@@ -44,6 +44,7 @@ from policies.core.settings import (
 )
 from proxy.config.fetch import FetchApiConfig
 from proxy.config.routes import name_problem, parse_prefix
+from proxy.cores import parse_workers
 from proxy.loops import parse_event_loop
 from proxy.redact import redact_url
 
@@ -87,6 +88,8 @@ class ServerConfig:
     watch_config: bool = True
     # The event loop: uvloop when it is installed (auto), or the one named (proxy/loops.py).
     event_loop: str = "auto"
+    # Processes serving the port (SO_REUSEPORT), or `auto`: one per CPU (proxy/supervisor.py).
+    workers: int | str = 1
 
 
 @dataclass(frozen=True)
@@ -174,6 +177,7 @@ def parse_server(raw: Any, path: str) -> ServerConfig:
             "max_connections_per_peer": whole_in(1),
             "watch_config": boolean,
             "event_loop": parse_event_loop,
+            "workers": parse_workers,
         },
     )
     if cfg.max_body_bytes > cfg.max_buffered_bytes:
