@@ -37,7 +37,7 @@ from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
 from proxy.forward import request_headers
 from proxy.generation import build_generation
-from proxy.keys import injected_key, one_key
+from proxy.keys import one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.oauth import is_oauth_path, oauth_answer
@@ -144,15 +144,16 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         started=ex.started,
         calls=CallBudget(
             route.config.max_calls_per_request,
-            f"routes.{route.name}.max_calls_per_request",
+            route.calls_setting,
             "its retries, hedges, simplified variants and failovers stop there",
         ),
     )
     if caller is not None:  # the client token never reaches the vendor
         flow = ex.flow = flow.with_request(caller.scrub(flow.request))
-    if profile is not None and profile.key_fields:  # nor the agent's key beside the route's
-        key = injected_key(profile, route.set_headers)
-        flow = ex.flow = flow.with_request(one_key(profile, key, flow.request))
+    if route.body_key is not None:  # nor the agent's key beside the route's
+        keyed = one_key(profile, route.body_key, flow.request)
+        if keyed is not flow.request:
+            flow = ex.flow = flow.with_request(keyed)
     ex.fields = lambda: _route_fields(flow)
     # An MCP tool call may run for minutes before its answer begins: stop it, and its
     # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).

@@ -32,6 +32,7 @@ from policies.keypool import KeyPool
 from policies.retry import Retry
 from proxy.config import Config
 from proxy.forward import Upstream
+from proxy.keys import injected_key
 from proxy.metrics import Metrics, RouteMetrics
 
 
@@ -52,6 +53,9 @@ class Route:
     keys: KeyPool | None = None  # the route's key pool (`keys:`), which puts a key on each call
     missing_key: str | None = None  # a credential header configured empty (unset ${VAR:-})
     key_variable: str | None = None  # the variable that header reads (TAVILY_API_KEY)
+    # The key the route injects, put in the body fields where the profile also reads one.
+    body_key: str | None = None
+    calls_setting: str = ""  # the config key of the route's call budget, for its message
 
     @property
     def name(self) -> str:
@@ -199,11 +203,14 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     if cfg.has("keys"):  # the pool is the route's key, or with every key unset, none is
         slot = profile.key_slot if keys is None and profile is not None else None
         missing = None if keys is not None else (slot.name if slot else "keys")
+    set_headers = tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v))
     return Route(
         config=cfg,
         handler=handler,
         metrics=metrics,
-        set_headers=tuple((k, v) for k, v in cfg.headers.set.items() if not empty_credential(k, v)),
+        set_headers=set_headers,
+        body_key=injected_key(profile, set_headers) if profile and profile.key_fields else None,
+        calls_setting=f"routes.{cfg.name}.max_calls_per_request",
         keys=keys,
         missing_key=missing,
         key_variable=cfg.headers.variables.get(missing) if missing is not None else None,

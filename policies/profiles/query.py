@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import dataclasses
+import functools
 import json
 from collections.abc import Mapping
 from datetime import datetime
@@ -212,9 +213,15 @@ def with_credential(profile: VendorProfile, request: SearchRequest, key: str) ->
     return dataclasses.replace(request, headers={**request.headers, slot.name: slot.prefix + key})
 
 
+@functools.cache
+def _quoted(fields: tuple[str, ...]) -> tuple[bytes, ...]:
+    """Each field as a JSON object's key is written (a profile's few, built once)."""
+    return tuple(b'"' + f.encode() + b'"' for f in fields)
+
+
 def _object(body: bytes, fields: tuple[str, ...]) -> dict[str, Any] | None:
     """The JSON object `body` is, when it names one of `fields` (else None, unparsed)."""
-    if not fields or not any(b'"' + f.encode() + b'"' in body for f in fields):
+    if not fields or not any(key in body for key in _quoted(fields)):
         return None
     try:
         data = orjson.loads(body)
