@@ -1,25 +1,22 @@
 """The process's memory budget (server.max_buffered_bytes, policies/core/memory.py) as the
-server applies it: each agent request's hold, charged with its body and its buffered answers
-and given back once the answer is written; the error past it; and the heap given back to the
-OS once a burst has drained."""
+server applies it: the error past it, what gives a dropped answer's bytes back, and the heap
+given back to the OS once a burst has drained. Each agent request's hold, charged with its body
+and its buffered answers, is made and given back (once its answer is written) by its
+connection (proxy/guard.py)."""
 
 from __future__ import annotations
 
 import asyncio
 import gc
 from collections.abc import Callable
-from contextvars import Token
 
 import structlog
-from aiohttp import web
 
 from policies.core.errors import MemoryBudgetFull
-from policies.core.memory import HOLD, Hold, MemoryBudget
+from policies.core.memory import Hold, MemoryBudget
 from proxy.capacity import trim_heap
 
 log = structlog.get_logger("search_proxy")
-
-HOLD_KEY = web.RequestKey("search_proxy_hold", Hold)
 
 
 def over_budget(route: str | None, attempts: int, hold: Hold) -> MemoryBudgetFull:
@@ -66,21 +63,6 @@ def budget_for(limit: int) -> MemoryBudget:
             pending.append(loop.call_at(due, reclaim))
 
     return MemoryBudget(limit, on_drained=drained)
-
-
-def hold_request(request: web.BaseRequest, budget: MemoryBudget) -> Token[Hold | None]:
-    """A hold for this request, found by everything its handler (and the tasks it starts)
-    runs until the returned token resets it: given back by `release_request` once its answer
-    is written."""
-    hold = request[HOLD_KEY] = Hold(budget)
-    return HOLD.set(hold)
-
-
-def release_request(request: web.BaseRequest) -> None:
-    """Give back what the request held (its answer is written, or it is gone)."""
-    hold = request.get(HOLD_KEY)
-    if hold is not None:
-        hold.close()
 
 
 def charge_body(hold: Hold | None, size: int, where: str) -> None:

@@ -32,8 +32,7 @@ from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
 from policies.core.errors import BadRequest, ProxyError, seconds_text
-from policies.core.memory import HOLD, MemoryBudget
-from proxy.budget import hold_request, release_request
+from policies.core.memory import HOLD, Hold, MemoryBudget
 from proxy.capacity import OverloadLog, peer_of, per_peer_limit, trim_heap
 from proxy.config import ServerConfig
 from proxy.dialects import error_body, error_response, reason_phrase
@@ -136,6 +135,7 @@ class ClientConnection(RequestHandler):
         "_peer",
         "_request_deadline",
         "cut",
+        "hold",
     )
 
     def __init__(self, manager: GuardedServer, **kwargs: Any) -> None:
@@ -151,6 +151,9 @@ class ClientConnection(RequestHandler):
         self._close_after_answer = False
         self._peer: str | None = None  # the address counted against max_connections_per_peer
         self.cut: str | None = None
+        # What the request being handled holds of the memory budget (one at a time: aiohttp
+        # handles a connection's requests in turn), given back once its answer is written.
+        self.hold: Hold | None = None
 
     # ------------------------------------------------------------------ connection
 
@@ -186,9 +189,10 @@ class ClientConnection(RequestHandler):
                 self._head_started = True
             elif self._between_requests():
                 # The first bytes of the next request on a kept-alive connection: its head has
-                # header_timeout, the whole of it request_timeout, from now.
+                # header_timeout, the whole of it request_timeout, from now (the head's timer
+                # only if it is not whole in these bytes, as it usually is).
                 next_head = True
-                self._start_head()
+                self._request_deadline = self._loop.time() + self._guard.limits.request_timeout
             elif self._body is not None:
                 self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
         heads = self._request_count
@@ -202,6 +206,11 @@ class ClientConnection(RequestHandler):
             if self._messages and not self._messages[-1][1].is_eof():
                 self._watch_body(self._messages[-1][1])
         elif next_head:
+            limits = self._guard.limits
+            due = min(limits.header_timeout, limits.request_timeout)
+            self._head_timer = self._loop.call_at(
+                self._request_deadline - limits.request_timeout + due, self._head_late
+            )
             self._head_started = True  # not complete yet
 
     def _between_requests(self) -> bool:
@@ -324,7 +333,13 @@ class ClientConnection(RequestHandler):
         try:
             return await super().finish_response(request, resp, start_time)
         finally:
-            release_request(request)  # the answer is written (or the agent gone): its memory
+            self.release_hold()  # the answer is written (or the agent gone): its memory
+
+    def release_hold(self) -> None:
+        """Give back what the request being handled held of the memory budget."""
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.close()
 
     # ------------------------------------------------------------------ aiohttp's errors
 
@@ -500,8 +515,13 @@ class GuardedServer(web.Server):
     async def _handle(self, request: BaseRequest) -> web.StreamResponse:
         task = asyncio.current_task()
         assert task is not None
-        self._in_flight[task] = cast(ClientConnection, request.protocol)
-        held = hold_request(request, self.budget) if self.budget is not None else None
+        protocol = self._in_flight[task] = cast(ClientConnection, request.protocol)
+        held = None
+        if self.budget is not None:
+            # Found by everything the handler (and the tasks it starts) runs, through HOLD.
+            protocol.release_hold()  # a request before it always has, by its answer
+            protocol.hold = hold = Hold(self.budget)
+            held = HOLD.set(hold)
         try:
             claimed = request.get(_CLAIMED_VERSION)
             if claimed is not None:
@@ -516,7 +536,7 @@ class GuardedServer(web.Server):
                 return response
             return await self._app_handler(request)
         except asyncio.CancelledError:
-            release_request(request)  # no answer will be written
+            protocol.release_hold()  # no answer will be written
             raise
         finally:
             del self._in_flight[task]
