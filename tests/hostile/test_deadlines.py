@@ -120,6 +120,23 @@ def test_each_request_on_a_kept_alive_connection_has_the_whole_timeout(proxy, fa
     assert answer[3]["body"] == body.decode()
 
 
+def test_a_head_trickled_on_a_kept_alive_connection_is_cut_at_request_timeout(proxy, fake):
+    # The next request's head timer starts only when its first bytes do not hold it whole.
+    body = b'{"query": "one"}'
+    head = b"POST /v/echo HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n" % len(body)
+    with connect(proxy) as sock:
+        sock.sendall(head + body)
+        assert read_response(sock)[1] == 200
+        started = time.monotonic()
+        trickle(sock, b"GET /healthz HTTP/1.1\r\nHost: x\r\nX-Slow: " + b"a" * 100)
+        data, _ = read_until_closed(sock, SLACK_S)
+        took = time.monotonic() - started
+    answer = parse(data)
+    assert answer[1] == 408 and error_type(answer) == "request_timeout"
+    assert "server.request_timeout" in answer[3]["error"]["message"]
+    assert REQUEST_S * 0.9 <= took < REQUEST_S + SLACK_S  # header_timeout is 10 s
+
+
 def test_past_its_share_an_address_is_refused_while_others_are_served(proxy):
     hogs = [connect(proxy, "127.0.0.2") for _ in range(PER_PEER)]
     try:
