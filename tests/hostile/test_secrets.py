@@ -113,6 +113,23 @@ async def test_a_vendor_echoing_the_injected_key_hands_it_to_no_agent(
     assert all(ROUTE_KEY not in line and ECHO_KEY not in line for line in proxy.lines)
 
 
+async def test_a_vendor_echoing_the_key_in_a_stream_hands_it_to_no_agent(
+    proxy: ProxyProcess, fake: FakeVendor
+) -> None:
+    # Each chunk of the fake's stream ends with the key the route injected.
+    async with (
+        aiohttp.ClientSession() as http,
+        http.get(f"{proxy.url}/echo/stream?chunks=5&echo=X-Api-Key") as r,
+    ):
+        assert r.status == 200 and "Content-Length" not in r.headers  # passed on as a stream
+        data = await r.read()
+    assert fake.last.headers["X-Api-Key"] == ECHO_KEY  # it was sent
+    assert data.count(b"<redacted>") == 5 and ECHO_KEY.encode() not in data
+    assert wait_until(
+        lambda: [e for e in proxy.events("secret_redacted") if e["where"] == "stream"] or None, 5
+    )
+
+
 async def test_oauth_shaped_query_parameters_are_redacted_in_the_log(
     proxy: ProxyProcess, fake: FakeVendor
 ) -> None:

@@ -41,9 +41,11 @@ Bare ``/search`` is decided by what the request carries, first match wins:
 5. Anything else -> tavily (``query`` in the body, ``Authorization: Bearer`` or ``api_key``).
 
 Other routes: ``/echo`` and ``/echo/...`` (any method) answer JSON describing the request;
-``GET /stream`` (chunked octet-stream), ``GET /sse`` (text/event-stream), ``POST /mcp`` (MCP
-streamable HTTP, JSON-RPC answered as SSE); ``GET /__fake__/stats`` and ``POST /__fake__/reset``
-(control, never recorded nor faulted). Unknown paths get 404 and are recorded.
+``GET /stream`` (chunked octet-stream; ``?echo=Header`` ends each chunk with that request
+header's value, a vendor echoing its key in a stream), ``GET /sse`` (text/event-stream),
+``POST /mcp`` (MCP streamable HTTP, JSON-RPC answered as SSE); ``GET /__fake__/stats`` and
+``POST /__fake__/reset`` (control, never recorded nor faulted). Unknown paths get 404 and are
+recorded.
 
 Results are deterministic: ``make_results(query, n)`` gives url ``https://example.com/<slug>/<i>``
 for i = 1..n (n = ``FakeVendor(results=3)`` unless the request asks for fewer).

@@ -521,6 +521,10 @@ class FakeVendor(Modes):
             if size > len(piece):
                 piece = piece[:-1] + b"." * (size - len(piece)) + b"\n"
             pieces.append(piece)
+        echoed = request.query.get("echo")
+        if echoed:  # a vendor echoing what it was sent (its key) in every chunk
+            said = request.headers.get(echoed, "").encode()
+            pieces = [piece[:-1] + b" " + said + b"\n" for piece in pieces]
         headers = {"Content-Type": "application/octet-stream"}
         return await self._stream_out(request, rec, fault, pieces, headers)
 
