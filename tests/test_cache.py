@@ -28,7 +28,8 @@ from policies.cache import (
     known_credentials,
     request_directives,
 )
-from policies.cache.key import MAX_CANONICAL_DEPTH
+from policies.cache import key as key_module
+from policies.cache.key import MAX_CANONICAL_DEPTH, MEMO_BODY_BYTES, MEMO_ENTRIES
 from policies.core.clock import SYSTEM_CLOCK, Clock, ManualClock
 from policies.core.errors import (
     BadRequest,
@@ -237,6 +238,35 @@ def test_ignored_body_fields_do_not_change_the_key() -> None:
     assert key(b'{"query": "x", "request_id": "r-1", "user": "u"}', cfg=cfg) == plain
     assert key(b'{"query": "x", "request_id": "r-2"}', cfg=cfg) == plain
     assert key(b'{"query": "x", "request_id": "r-1"}') != key(b'{"query": "x"}')
+
+
+def test_the_same_bytes_asked_again_are_keyed_as_the_first_time() -> None:
+    # A body's part of the key is remembered by its bytes (a hit sends the same ones again):
+    # what it remembers must still depend on everything else that shapes that part.
+    body = b'{"query": "again", "sk": "one", "request_id": "r-1"}'
+    known = KnownCredentials(params=frozenset({"sk"}))
+    ignoring = replace(CFG, ignore_body_fields=("request_id",))
+    first = [key(body), key(body, known=known), key(body, cfg=ignoring)]
+    assert len(set(first)) == 3  # the credential and the ignored field each change it
+    assert [key(body), key(body, known=known), key(body, cfg=ignoring)] == first
+    other_key = b'{"query": "again", "sk": "two", "request_id": "r-1"}'
+    assert key(other_key, known=known) != first[1]  # a body credential still counts
+    assert key(other_key, known=known, cfg=replace(CFG, shared=True)) == key(
+        body, known=known, cfg=replace(CFG, shared=True)
+    )
+
+
+def test_a_body_past_the_memos_size_is_keyed_all_the_same() -> None:
+    padding = "p" * MEMO_BODY_BYTES
+    big = f'{{"query": "x", "padding": "{padding}"}}'.encode()
+    assert key(big) == key(big.replace(b", ", b",  "))  # formatting still does not count
+    assert key(big) != key(big.replace(b'"x"', b'"y"'))
+
+
+def test_the_memo_holds_at_most_its_entries() -> None:
+    for i in range(MEMO_ENTRIES + 10):
+        key(b'{"query": "memo %d"}' % i)
+    assert len(key_module._MEMO) == MEMO_ENTRIES
 
 
 def test_query_parameters_are_sorted_but_repeats_keep_their_order() -> None:

@@ -137,10 +137,33 @@ def _credential_fields(known: frozenset[str]) -> frozenset[str]:
     return CREDENTIAL_NAMES | known
 
 
+# The body parts of recent small bodies, by the bytes themselves: an agent asking again (a
+# cache hit) sends the same bytes, and its key then costs a hash instead of a parse, a walk and
+# a serialisation. Bounded in entries and in the size of each: at most ~2 MiB held.
+MEMO_BODY_BYTES = 4096
+MEMO_ENTRIES = 256
+_MEMO: dict[tuple[bytes, tuple[str, ...], frozenset[str]], tuple[bytes, tuple[str, ...]]] = {}
+
+
 def _body_part(
     body: bytes, ignored: tuple[str, ...], known: frozenset[str]
 ) -> tuple[bytes, list[str]]:
     """The body as it counts for the key, and the credentials taken out of it."""
+    if len(body) > MEMO_BODY_BYTES:
+        return _read_body_part(body, ignored, known)
+    memo = (body, ignored, known)
+    found = _MEMO.get(memo)
+    if found is None:
+        part, credentials = _read_body_part(body, ignored, known)
+        if len(_MEMO) >= MEMO_ENTRIES:
+            del _MEMO[next(iter(_MEMO))]  # the oldest
+        found = _MEMO[memo] = (part, tuple(credentials))
+    return found[0], list(found[1])
+
+
+def _read_body_part(
+    body: bytes, ignored: tuple[str, ...], known: frozenset[str]
+) -> tuple[bytes, list[str]]:
     if not body:
         return b"", []
     try:
