@@ -42,6 +42,7 @@ from policies.core.outcome import Outcome
 from policies.core.route import HOP_BY_HOP, PROXY_OWNED
 from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
+from proxy.logs import LEVEL
 from proxy.pool import PoolFull, Slot, pool_slots
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
@@ -214,15 +215,16 @@ class Upstream:
             if slot is not None:
                 slot.release()  # a no-op once a streamed reply took it over
             # Each vendor call at debug: its route, method and status or failure, never its URL
-            # (a query may carry a key) or headers.
-            log.debug(
-                "upstream_call",
-                request_id=flow.request.request_id,
-                route=self.route,
-                method=flow.request.method,
-                result=result,
-                ms=round((self.clock.now() - started) * 1000, 1),
-            )
+            # (a query may carry a key) or headers. Not even built at other levels.
+            if LEVEL.debug:
+                log.debug(
+                    "upstream_call",
+                    request_id=flow.request.request_id,
+                    route=self.route,
+                    method=flow.request.method,
+                    result=result,
+                    ms=round((self.clock.now() - started) * 1000, 1),
+                )
 
     def _budget(self, flow: Flow) -> float:
         """Seconds this attempt may take; OutOfTime when none are left."""

@@ -147,6 +147,17 @@ def learn_secrets(secrets: Iterable[str]) -> None:
         _REDACTOR.learn(secrets)
 
 
+class Level:
+    """What the configured level lets through, for lines whose fields cost something to build:
+    a hot path builds its debug line only when `LEVEL.debug` (true until configure_logging
+    says otherwise: structlog's own default prints every level)."""
+
+    debug = True
+
+
+LEVEL = Level()
+
+
 def configure_logging(
     level: str = "info",
     fmt: str = "json",
@@ -160,6 +171,7 @@ def configure_logging(
     global _REDACTOR
     out = stream or sys.stdout
     numeric = logging.getLevelNamesMapping()[level.upper()]
+    LEVEL.debug = numeric <= logging.DEBUG
     _REDACTOR = Redactor(secrets)
     processors: list[Any] = [
         structlog.contextvars.merge_contextvars,
