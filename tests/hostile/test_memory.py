@@ -11,7 +11,6 @@ import gzip
 import http.server
 import socket
 import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -32,9 +31,13 @@ PART = 6 * MIB
 BODY = 10 * MIB  # a request body: one fits, two do not
 
 
+SLOW_RELEASED = threading.Event()  # the vendor behind /slow answers once it is set
+
+
 class RawAnswers(http.server.BaseHTTPRequestHandler):
     """GET /json/N, /bin/N: N bytes of JSON or octet-stream with a Content-Length; /gzjson/N:
-    JSON decompressing to N bytes, gzip and chunked, no length; POST /slow: answers after 1.5 s."""
+    JSON decompressing to N bytes, gzip and chunked, no length; POST /slow: answers once the test
+    sets SLOW_RELEASED (10 s at most)."""
 
     protocol_version = "HTTP/1.1"
 
@@ -57,7 +60,8 @@ class RawAnswers(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
-        time.sleep(1.5 if self.path == "/slow" else 0)
+        if self.path == "/slow":
+            SLOW_RELEASED.wait(10)
         self._send(b'{"results": []}', "application/json")
 
     def _send(self, body: bytes, ctype: str) -> None:
@@ -158,16 +162,21 @@ async def test_slow_readers_hold_their_share_until_written_then_give_it_back(
 
 async def test_request_bodies_count_too(proxy: ProxyProcess) -> None:
     body = b"{}" + b" " * BODY
+    SLOW_RELEASED.clear()
     async with aiohttp.ClientSession() as http:
-        # Held while the vendor thinks.
+        # Held while the vendor thinks (until the second body has been refused).
         task = asyncio.ensure_future(http.post(f"{proxy.url}/raw/slow", data=body))
 
         async def holding() -> bool:
             return await gauge(proxy, "search_proxy_buffered_bytes") >= BODY
 
-        await eventually(holding, 5.0, 0.05)
-        async with http.post(f"{proxy.url}/raw/fast", data=body) as second:
-            assert second.status == 503 and second.headers["X-Proxy-Error"] == "memory_budget"
+        try:
+            await eventually(holding, 5.0, 0.05)
+            async with http.post(f"{proxy.url}/raw/fast", data=body) as second:
+                assert second.status == 503
+                assert second.headers["X-Proxy-Error"] == "memory_budget"
+        finally:
+            SLOW_RELEASED.set()
         async with await task as r:
             assert r.status == 200
 
