@@ -1,5 +1,5 @@
-"""The fake vendor itself: its state, its record and stream gate, and the aiohttp application
-that answers as the vendor would (the switches a test flips are `modes`)."""
+"""The fake vendor itself: its state, its record, and the aiohttp application that answers as
+the vendor would (the switches a test flips are `modes`, its stream gate `gate`)."""
 
 from __future__ import annotations
 
@@ -20,6 +20,7 @@ from aiohttp import web
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from proxy.testing.fakevendor.faults import Fault, Pause, Received
+from proxy.testing.fakevendor.gate import CLOSING, StreamGate
 from proxy.testing.fakevendor.mcp import mcp_messages
 from proxy.testing.fakevendor.modes import Clock, Modes, RealClock
 from proxy.testing.fakevendor.pages import extract_answer
@@ -37,11 +38,10 @@ from proxy.testing.fakevendor.vendors import (
     route_bare_search,
 )
 
-_CLOSING: web.AppKey[asyncio.Event] = web.AppKey("fakevendor_closing", asyncio.Event)
 _JSON = "application/json"
 
 
-class FakeVendor(Modes):
+class FakeVendor(Modes, StreamGate):
     """State and controls of the fake; ``make_app()`` builds the application serving it.
 
     ``clock`` gives the time stamped on each request, the time its rate windows slide on and
@@ -69,11 +69,9 @@ class FakeVendor(Modes):
         self.pauses: list[Pause] = []
         self.total = 0
         self.by_vendor: Counter[str] = Counter()
-        self.chunks_sent = 0
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._permits = 0
         self._waiters: list[asyncio.Future[None]] = []
-        self._gated = False
+        self._clear_gate()
         self._sessions = 0
         self._clear_modes()
 
@@ -84,9 +82,7 @@ class FakeVendor(Modes):
         self.pauses.clear()
         self.total = 0
         self.by_vendor.clear()
-        self.chunks_sent = 0
-        self._permits = 0
-        self._gated = False
+        self._clear_gate()
         self._call_in_loop(self._wake_waiters)
 
     # ----------------------------------------------------------------- record helpers
@@ -111,78 +107,18 @@ class FakeVendor(Modes):
                 raise TimeoutError(f"{self.count(path_prefix)} of {n} requests after {within}s")
             await asyncio.sleep(0.005)
 
-    # ----------------------------------------------------------------- stream gate
-
-    def gate_streams(self, enabled: bool = True) -> FakeVendor:
-        """When gated, /stream, /sse and /mcp send each chunk/event only after a
-        ``release_chunk()``. Permits are shared by all open streams, first come first served."""
-        self._gated = enabled
-        if not enabled:
-            self._call_in_loop(self._wake_waiters)
-        return self
-
-    def release_chunk(self, n: int = 1) -> None:
-        """Let ``n`` more chunks/events out (thread-safe)."""
-        self._call_in_loop(self._release, n)
-
-    async def wait_chunks_sent(self, n: int, within: float = 2.0) -> None:
-        """Wait until ``chunks_sent >= n``."""
-        deadline = time.monotonic() + within
-        while self.chunks_sent < n:
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"{self.chunks_sent} of {n} chunks after {within}s")
-            await asyncio.sleep(0.005)
-
-    def _call_in_loop(self, fn: Callable[..., None], *args: Any) -> None:
-        loop = self._loop
-        try:
-            running = asyncio.get_running_loop()
-        except RuntimeError:
-            running = None
-        if loop is not None and loop is not running and not loop.is_closed():
-            loop.call_soon_threadsafe(fn, *args)
-        else:
-            fn(*args)
-
-    def _release(self, n: int) -> None:
-        self._permits += n
-        self._wake_waiters()
-
-    def _wake_waiters(self) -> None:
-        waiters, self._waiters = self._waiters, []
-        for fut in waiters:
-            if not fut.done():
-                fut.set_result(None)
-
-    async def _gate(self, app: web.Application) -> bool:
-        """Wait for a permit; False when the server is shutting down."""
-        closing = app[_CLOSING]
-        while self._gated and self._permits <= 0 and not closing.is_set():
-            fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-            self._waiters.append(fut)
-            try:
-                await fut
-            finally:
-                if fut in self._waiters:
-                    self._waiters.remove(fut)
-        if closing.is_set():
-            return False
-        if self._gated:
-            self._permits -= 1
-        return True
-
     # ----------------------------------------------------------------- app
 
     def make_app(self) -> web.Application:
         """A fresh ``web.Application`` serving this fake (state is shared by all its apps)."""
         app = web.Application(client_max_size=self.client_max_size)
-        app[_CLOSING] = asyncio.Event()
+        app[CLOSING] = asyncio.Event()
 
         async def on_startup(app: web.Application) -> None:
             self._loop = asyncio.get_running_loop()
 
         async def on_shutdown(app: web.Application) -> None:
-            app[_CLOSING].set()
+            app[CLOSING].set()
             self._wake_waiters()
 
         app.on_startup.append(on_startup)
@@ -282,7 +218,7 @@ class FakeVendor(Modes):
         pause = Pause(request.path, cause, seconds)
         if self.record:
             self.pauses.append(pause)
-        closing = request.app[_CLOSING]
+        closing = request.app[CLOSING]
         sleeping = asyncio.ensure_future(self.clock.sleep(seconds))
         shutdown = asyncio.ensure_future(closing.wait())
         try:
