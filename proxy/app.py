@@ -280,7 +280,6 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
     search = trace.search
 
     def fields() -> dict[str, object]:
-        ex.error = trace.error
         return {
             "rpc": trace.rpc,
             "tool": trace.tool,
@@ -302,6 +301,7 @@ async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse
         return await mcp.handle(request, body, ex.request_id, caller, trace, who)
     finally:
         watch.stop()
+        ex.error = trace.error  # a tool error inside a 200: the log line and the status page
 
 
 async def openapi_endpoint(request: web.Request) -> web.Response:

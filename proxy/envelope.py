@@ -253,13 +253,9 @@ def _remember(state: ProxyState, ex: Exchange, response: web.StreamResponse | No
         message = f"answered inside a 200: {ex.error}"
     else:
         return
-    if ex.route is not None:
-        label = ex.route.name
-    else:
-        label = "/v1/search" if ex.name == "search" else state.config.mcp_server.path
-    assert state.pulse is not None
+    assert state.pulse is not None and ex.metrics is not None
     error = ex.error if ex.problem is None else None
-    state.pulse.record(label, ex.status, ex.failure or error, message, ex.request_id)
+    state.pulse.record(ex.metrics.label, ex.status, ex.failure or error, message, ex.request_id)
 
 
 def _message(body: Any) -> str | None:

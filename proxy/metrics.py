@@ -55,9 +55,10 @@ RELOAD_RESULTS = ("applied", "unchanged", "failed")
 class RouteMetrics:
     """Children bound to one route at start-up, so the hot path does no label lookups."""
 
-    __slots__ = ("duration", "in_flight", "overhead", "requests", "upstream_duration")
+    __slots__ = ("duration", "in_flight", "label", "overhead", "requests", "upstream_duration")
 
     def __init__(self, metrics: Metrics, route: str) -> None:
+        self.label = route  # a route's name, or an endpoint's path (/v1/search, /mcp ...)
         self.requests = {c: metrics.requests.labels(route, c) for c in STATUS_CLASSES}
         self.duration = metrics.request_duration.labels(route)
         self.upstream_duration = metrics.upstream_duration.labels(route)

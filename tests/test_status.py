@@ -227,3 +227,26 @@ async def test_requests_waiting_for_tokens_show_as_queued(
     assert (await status(admin))["routes"][0]["colour"] == "warn"
     for task in waiting:
         task.cancel()
+
+
+async def test_endpoint_errors_are_listed_under_their_own_endpoint(
+    vendor: Any, start_proxy: Any, admin_of: Any
+) -> None:
+    raw = config(vendor)
+    raw["log"] = {"level": "warning"}  # no access line: the page must not depend on it
+    client = await start_proxy(raw)
+    admin = await admin_of(client)
+    assert (await client.post("/v1/fetch", json={"urls": []})).status == 400
+    vendor.down()  # every provider fails: web_search answers a tool error inside a 200
+    call = {
+        "jsonrpc": "2.0",
+        "id": 1,
+        "method": "tools/call",
+        "params": {"name": "web_search", "arguments": {"query": "a b"}},
+    }
+    accept = {"Accept": "application/json, text/event-stream"}
+    r = await client.post("/mcp", json=call, headers=accept)
+    assert r.status == 200 and (await r.json())["result"]["isError"] is True
+    errors = {e["route"]: e for e in (await status(admin))["errors"]}
+    assert errors["/v1/fetch"]["status"] == 400
+    assert errors["/mcp"]["status"] == 200 and errors["/mcp"]["error"] == "all_providers_failed"
