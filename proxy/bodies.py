@@ -7,7 +7,9 @@ from __future__ import annotations
 import re
 from itertools import accumulate, repeat
 from operator import sub
+from typing import Any
 
+import orjson
 from aiohttp import web
 
 from policies.core.errors import BadRequest
@@ -65,3 +67,13 @@ async def read_body(request: web.Request, limit: int, where: str = "request") ->
     if body.lstrip()[:1] in (b"{", b"[") and nested_deeper(body):
         raise too_deep(where)
     return body
+
+
+async def read_json(request: web.Request, where: str, route: str) -> Any:
+    """The whole body as JSON (an endpoint of the proxy's own: `where`, counted as `route`),
+    bounded as every body is: client_max_size is server.max_body_bytes + 1 (proxy/app.py)."""
+    raw = await read_body(request, request.client_max_size - 1, where)
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError:
+        raise BadRequest(f"{where}: body is not valid JSON", route=route) from None

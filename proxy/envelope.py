@@ -310,13 +310,14 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
     headers["X-Request-Id"] = flow.request.request_id
     headers["X-Proxy-Attempts"] = str(flow.trace.attempts)
     echo, route = request.app[STATE].echo, ex.name
+    whole = reply.stream is None  # scrubbed whole (here, or by _withhold), not piece by piece
     if reply.stream is None:
         if len(reply.body) <= WHOLE_BYTES:
             return web.Response(status=reply.status, headers=headers, body=reply.body)
         # A large answer goes out in pieces, each written once the agent took the last: a slow
         # reader would otherwise have the transport copy what it has not read yet (twice the
         # body in memory). Its length stands.
-        body = echo.body(reply.body, route)
+        body = echo.body(reply.body, route)  # whole: a secret may span two pieces
         headers["Content-Length"] = str(len(body))
         reply.stream = _pieces(body)
     stream = reply.stream
@@ -327,7 +328,8 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
         await response.prepare(request)
         sent.response = response
         async for chunk in stream:
-            chunk = echo.body(chunk, route, "stream")
+            if not whole:
+                chunk = echo.body(chunk, route, "stream")
             await response.write(chunk)
             sent.written += len(chunk)
             sent.ending = (sent.ending + chunk[-4:])[-4:]

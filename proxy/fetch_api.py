@@ -8,7 +8,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from policies.cache import CacheConfig, request_directives
@@ -30,10 +29,10 @@ from policies.fetch import (
     canonical_url,
     check_url,
 )
-from proxy.bodies import read_body
+from proxy.bodies import read_json
 from proxy.config.fetch import DIRECT, FetchApiConfig, extract_vendor
 from proxy.config.sections import Config
-from proxy.dialects import error_response
+from proxy.dialects import error_response, json_answer
 from proxy.errors import NotFound
 from proxy.fetch_openapi import fetch_schemas, with_fetch
 from proxy.metrics import Metrics
@@ -198,13 +197,8 @@ class FetchApi:
         reads every page anew (the cache still stands in for a failure); `no-store` also
         leaves the cache as it was."""
         try:
-            try:
-                # client_max_size is server.max_body_bytes + 1 (proxy/app.py).
-                raw = await read_body(request, request.client_max_size - 1, "/v1/fetch")
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                raise _field_error("body", "is not valid JSON", "/v1/fetch") from None
-            directives = request_directives(request.headers.copy())
+            body = await read_json(request, "/v1/fetch", "fetch")
+            directives = request_directives(request.headers)
             answer = await self.answer(
                 body,
                 rid,
@@ -213,7 +207,7 @@ class FetchApi:
                 fresh_ok=not (directives.no_cache or directives.no_store),
                 store=not directives.no_store,
             )
-            return web.json_response(answer, dumps=lambda o: orjson.dumps(o).decode())
+            return json_answer(answer)
         except ProxyError as err:
             return error_response(err, rid)
 

@@ -21,7 +21,6 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-import orjson
 from aiohttp import web
 
 from policies.core.clock import Clock
@@ -37,9 +36,9 @@ from policies.profiles import (
 )
 from policies.providers import Answer, Search, all_failed, ask, skipped
 from policies.search import SECTION as SEARCH
-from proxy.bodies import read_body
+from proxy.bodies import read_json
 from proxy.config import SearchApiConfig
-from proxy.dialects import error_response
+from proxy.dialects import error_response, json_answer
 from proxy.errors import ProvidersExhausted, ProvidersRefused
 from proxy.metrics import Metrics
 from proxy.openapi import openapi_document
@@ -338,11 +337,6 @@ class SearchApi:
             max_domains=MAX_DOMAINS,
             max_providers=provider_cap(config, routes),
         )
-        self.openapi_json = orjson.dumps(self.document, option=orjson.OPT_INDENT_2)
-
-    async def openapi(self, request: web.Request) -> web.Response:
-        """GET /openapi.json: the OpenAPI 3.1 document of /v1/search (built at start-up)."""
-        return web.Response(body=self.openapi_json, content_type="application/json")
 
     async def handle(
         self, request: web.Request, rid: str, trace: SearchTrace, client: str = ""
@@ -351,14 +345,9 @@ class SearchApi:
         simplified variants and failovers included, are at most max_calls_per_request.
         `client`: the caller's name when `clients:` is configured (its per-client limits)."""
         try:
-            try:
-                # client_max_size is server.max_body_bytes + 1 (proxy/app.py).
-                raw = await read_body(request, request.client_max_size - 1, "/v1/search")
-                body = orjson.loads(raw)
-            except orjson.JSONDecodeError:
-                raise _field_error("body", "is not valid JSON") from None
+            body = await read_json(request, "/v1/search", "search")
             answer = await self.answer(body, rid, trace, client)
-            return web.json_response(answer, dumps=_dumps)
+            return json_answer(answer)
         except ProxyError as err:
             return error_response(err, rid)
 
@@ -579,7 +568,3 @@ def _all_failed(tried: list[Tried]) -> ProxyError:
         upstream_status=status,
         retry_after_s=retry_in,
     )
-
-
-def _dumps(obj: Any) -> str:
-    return orjson.dumps(obj).decode()

@@ -12,7 +12,7 @@ from typing import Any, NamedTuple
 from urllib.parse import parse_qsl
 
 import orjson
-from multidict import CIMultiDict
+from multidict import CIMultiDict, MultiMapping
 
 from policies.cache.config import CacheConfig
 from policies.core.credentials import CREDENTIAL_NAMES, is_credential_name
@@ -42,7 +42,7 @@ class Directives(NamedTuple):
 _NO_DIRECTIVES = Directives(no_cache=False, no_store=False)
 
 
-def request_directives(headers: CIMultiDict[str]) -> Directives:
+def request_directives(headers: MultiMapping[str]) -> Directives:
     """Read Cache-Control (and Pragma when Cache-Control is absent, RFC 9111 §5.4)."""
     values = headers.getall("Cache-Control", ())
     if not values:
