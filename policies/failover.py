@@ -19,7 +19,6 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 from policies.backoff import parse_retry_after
 from policies.core.benched import MAX_BENCH_S, Benched
@@ -32,7 +31,7 @@ from policies.core.outcome import Outcome
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Provider, Section
 from policies.core.settings import ConfigError, join, one_of, parse_duration, section, texts
-from policies.profiles import QueryRef, VendorProfile, extract_query
+from policies.profiles import QueryRef, VendorProfile, request_query
 from policies.providers import (
     DROPPED_HEADER,
     Answer,
@@ -105,10 +104,7 @@ class Failover:
         path = self.profile.search_path
         if path is not None and flow.request.path.rstrip("/") != path.rstrip("/"):
             return None  # /answer, /extract, news ... are not searches another vendor can answer
-        query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
-        ref = extract_query(
-            self.profile, path=flow.request.path, query=query, body=flow.request.body
-        )
+        ref = request_query(self.profile, flow.request)
         return ref if ref is not None and ref.is_text else None
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:

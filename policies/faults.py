@@ -16,7 +16,6 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 import orjson
 from multidict import CIMultiDict
@@ -30,7 +29,7 @@ from policies.core.profile import SearchResult, VendorProfile
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section
 from policies.core.settings import ConfigError, boolean, number, parse_duration, section, texts
-from policies.profiles import extract_query, render_answer
+from policies.profiles import render_answer, request_query
 
 HEADER = "X-Search-Proxy-Fault"
 KINDS = ("timeout", "empty", "malformed")  # besides a status and latency=<duration>
@@ -237,9 +236,7 @@ class FaultInjector:
         """An empty answer in the vendor's own shape, or one cut short (malformed)."""
         if self.profile is None:
             raise _bad(f"{HEADER}: {fault.kind} needs a route with a search section")
-        params = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
-        request = flow.request
-        ref = extract_query(self.profile, path=request.path, query=params, body=request.body)
+        ref = request_query(self.profile, flow.request)
         query = ref.text if ref is not None else ""
         results = [] if fault.kind == "empty" else [_SAMPLE]
         body = orjson.dumps(render_answer(self.profile, results, query))

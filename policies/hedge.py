@@ -16,7 +16,6 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
-from urllib.parse import parse_qsl
 
 from policies.backoff import RetryBudget
 from policies.core.clock import Clock
@@ -38,7 +37,7 @@ from policies.core.settings import (
     whole_in,
 )
 from policies.latency import LatencyWindow
-from policies.profiles import VendorProfile, extract_query
+from policies.profiles import VendorProfile, request_query
 from policies.providers import Answer, Search, ask, read_search, skipped, translated
 
 # The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
@@ -110,10 +109,7 @@ class Hedge:
             return True
         if self.profile is None:
             return False
-        query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
-        ref = extract_query(
-            self.profile, path=flow.request.path, query=query, body=flow.request.body
-        )
+        ref = request_query(self.profile, flow.request)
         return ref is not None and ref.is_text
 
     def after(self) -> float | None:
@@ -262,10 +258,7 @@ class _Race:
         if provider is None or p.profile is None:
             self._refused()
             return
-        query = dict(parse_qsl(self.flow.request.query_string, keep_blank_values=True))
-        ref = extract_query(
-            p.profile, path=self.flow.request.path, query=query, body=self.flow.request.body
-        )
+        ref = request_query(p.profile, self.flow.request)
         if ref is None or not ref.is_text:
             self.hedging = False  # not a search another vendor can be asked
             return

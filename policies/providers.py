@@ -36,6 +36,7 @@ from policies.profiles import (
     render_answer,
     with_credential,
 )
+from policies.profiles.reading import NOT_JSON, load_json
 
 DEFAULT_RESULTS = 5
 # Set by a route's failover when a fallback answered: the unified options it dropped.
@@ -100,12 +101,23 @@ def skipped(provider: Provider, search: Search, *, own_key: bool = False) -> Ans
         return Answer(
             provider.name, "skipped", search.query, reason=_no_key(provider), terminal=True
         )
-    wait = provider.circuit_open()
+    wait = open_for(provider)
     if wait is not None:
-        wait = max(wait, MIN_RETRY_S)
-        why = f"circuit open (retry in {seconds_text(wait)})"
-        return Answer(provider.name, "skipped", search.query, reason=why, retry_after_s=wait)
+        return Answer(
+            provider.name, "skipped", search.query, reason=open_reason(wait), retry_after_s=wait
+        )
     return None
+
+
+def open_for(provider: Provider) -> float | None:
+    """Seconds until `provider`'s open circuit lets a call through (at least MIN_RETRY_S, the
+    least any retry advice says), or None while it is not open."""
+    wait = provider.circuit_open()
+    return None if wait is None else max(wait, MIN_RETRY_S)
+
+
+def open_reason(wait: float) -> str:
+    return f"circuit open (retry in {seconds_text(wait)})"
 
 
 def _no_key(provider: Provider) -> str:
@@ -279,7 +291,7 @@ def _answer(
     status = reply.status
     outcome = provider.classify(reply)
     if outcome is Outcome.OK or outcome is Outcome.EMPTY:
-        data = _json(reply.body)
+        data = answer_json(reply.body)
         # The provider's own failover may have answered, in its vendor's shape.
         answered_by = reply.provider or flow.trace.provider or provider.name
         if answered_by != provider.name:
@@ -356,8 +368,7 @@ def reason_of(err: ProxyError) -> str:
     return f"{err.reason} (retry {when} {seconds_text(err.retry_after_s)})"
 
 
-def _json(body: bytes) -> object:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None
+def answer_json(body: bytes) -> object:
+    """A reply's body as JSON, or None: parsed once, as classifying the reply parsed it."""
+    data = load_json(body)
+    return None if data is NOT_JSON else data

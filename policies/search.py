@@ -12,7 +12,7 @@ import hashlib
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Any, Literal
-from urllib.parse import parse_qsl, quote
+from urllib.parse import quote
 
 from multidict import CIMultiDict
 
@@ -23,7 +23,7 @@ from policies.core.flow import Classifier, Flow, Handler, Reply
 from policies.core.outcome import TERMINAL_STATUSES, Outcome
 from policies.core.section import Build, Link, Section
 from policies.core.settings import one_of, parse_duration, section, text, whole_in
-from policies.profiles import QueryRef, VendorProfile, Verdict, assess, extract_query, replace_query
+from policies.profiles import QueryRef, VendorProfile, Verdict, assess, replace_query, request_query
 from policies.simplify import simplify_query
 
 LOOP_GUARD_ENTRIES = 10_000
@@ -59,12 +59,6 @@ def search_classifier(profile: VendorProfile) -> Classifier:
         return reply.outcome
 
     return classify
-
-
-def find_query(profile: VendorProfile, flow: Flow) -> QueryRef | None:
-    """Where this request's query is, if it is a search call the profile recognises."""
-    query = dict(parse_qsl(flow.request.query_string, keep_blank_values=True))
-    return extract_query(profile, path=flow.request.path, query=query, body=flow.request.body)
 
 
 class _SearchPolicy:
@@ -126,7 +120,7 @@ class SearchGuard(_SearchPolicy):
         return digest.hexdigest()
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
-        self.validate(find_query(self.profile, flow))
+        self.validate(request_query(self.profile, flow.request))
         if self.config.loop_guard <= 0:
             return await call_next(flow)
         key = self._key(flow)
@@ -157,7 +151,7 @@ class SearchRecovery(_SearchPolicy):
     something (or with the original empty answer)."""
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:
-        ref = find_query(self.profile, flow)
+        ref = request_query(self.profile, flow.request)
         reply = await call_next(flow)
         if ref is None or not ref.is_text or self.classify(reply) is not Outcome.EMPTY:
             return reply

@@ -12,14 +12,14 @@ from urllib.parse import urlencode
 import orjson
 from multidict import CIMultiDict
 
-from policies.core.errors import CircuitOpen, ProxyError, seconds_text
+from policies.core.errors import ProxyError
 from policies.core.extract import ExtractAnswer, ExtractApi, PageFormat, PageRead
 from policies.core.flow import CallBudget, Flow
 from policies.core.outcome import TERMINAL_STATUSES
 from policies.core.section import Provider
 from policies.fetch.pages import Miss, canonical_url
 from policies.profiles import error_message
-from policies.providers import missing_key
+from policies.providers import answer_json, missing_key, open_for, open_reason, reason_of
 
 # Statuses that say the provider (its key, its plan) refused, not the page: 400, 422 and the
 # like are the page's (an address the vendor cannot read).
@@ -83,10 +83,9 @@ class RouteReader:
         p = self.provider
         if p.missing_key is not None:
             return Miss(p.name, "unavailable", missing_key(p), terminal=True)
-        wait = p.circuit_open()
+        wait = open_for(p)
         if wait is not None:
-            why = f"circuit open (retry in {seconds_text(wait)})"
-            return Miss(p.name, "unavailable", why, retry_after_s=wait)
+            return Miss(p.name, "unavailable", open_reason(wait), retry_after_s=wait)
         return None
 
     async def read(self, urls: tuple[str, ...], fmt: PageFormat, asking: Asking) -> dict[str, Read]:
@@ -94,11 +93,16 @@ class RouteReader:
         try:
             reply = await p.handler(self._flow(urls, fmt, asking))
         except ProxyError as err:
-            return missed_all(urls, _failure(p.name, err))
+            # Failed inside the proxy or on the way (timeout, circuit, limiter, spent budget):
+            # the provider is unavailable, the pages unknown.
+            why = reason_of(err)
+            return missed_all(
+                urls, Miss(p.name, "unavailable", why, retry_after_s=err.retry_after_s)
+            )
         try:
             status = reply.status
             if 200 <= status < 300:
-                data = _json(reply.body)
+                data = answer_json(reply.body)
                 if data is None:
                     why = f"{status} with a body that is not JSON"
                     return missed_all(urls, Miss(p.name, "unavailable", why))
@@ -141,16 +145,6 @@ class RouteReader:
         )
 
 
-def _failure(provider: str, err: ProxyError) -> Miss:
-    """A call that failed inside the proxy or on the way (timeout, circuit, limiter, spent
-    budget): the provider is unavailable, the pages unknown."""
-    why = err.reason
-    if err.retry_after_s is not None and err.retry_after_s > 0:
-        when = "in" if isinstance(err, CircuitOpen) else "after"
-        why += f" (retry {when} {seconds_text(err.retry_after_s)})"
-    return Miss(provider, "unavailable", why, retry_after_s=err.retry_after_s)
-
-
 def _matched(provider: str, urls: tuple[str, ...], answer: ExtractAnswer) -> dict[str, Read]:
     """The answer by the URLs asked: a vendor may spell a URL its own way (a trailing slash, a
     lower-case host), so one not asked as such is matched by its canonical form."""
@@ -177,10 +171,3 @@ def _matched(provider: str, urls: tuple[str, ...], answer: ExtractAnswer) -> dic
     for url in urls:
         found.setdefault(url, Miss(provider, "failed", "left it out of its answer"))
     return found
-
-
-def _json(body: bytes) -> object:
-    try:
-        return orjson.loads(body)
-    except orjson.JSONDecodeError:
-        return None

@@ -28,6 +28,7 @@ from policies.profiles.query import (
     credential_slot,
     extract_query,
     replace_query,
+    request_query,
     with_body_key,
     with_credential,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "read_options",
     "render_answer",
     "replace_query",
+    "request_query",
     "with_body_key",
     "with_credential",
 ]

@@ -14,6 +14,7 @@ from urllib.parse import parse_qsl, quote, unquote, unquote_plus
 
 import orjson
 
+from policies.core.flow import Request
 from policies.core.options import SearchOptions
 from policies.core.profile import (
     CredentialSlot,
@@ -38,6 +39,12 @@ def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
         return parse_qsl(body.decode("utf-8"), keep_blank_values=True)
     except (UnicodeDecodeError, ValueError):
         return None
+
+
+def request_query(profile: VendorProfile, request: Request) -> QueryRef | None:
+    """Where `request`'s query is, if it is a search call the profile recognises."""
+    query = dict(parse_qsl(request.query_string, keep_blank_values=True))
+    return extract_query(profile, path=request.path, query=query, body=request.body)
 
 
 def extract_query(
