@@ -21,7 +21,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from policies.backoff import parse_retry_after
-from policies.core.benched import MAX_BENCH_S, Benched
+from policies.core.benched import EXHAUSTED_FOR_S, Benched, bench_seconds
 from policies.core.clock import Clock
 from policies.core.credentials import injects_key
 from policies.core.errors import ClientFault, LocalRefusal, ProxyError, VendorFailure
@@ -33,10 +33,10 @@ from policies.core.section import Build, Link, Provider, Section
 from policies.core.settings import ConfigError, join, one_of, parse_duration, section, texts
 from policies.profiles import QueryRef, VendorProfile, request_query
 from policies.providers import (
-    DROPPED_HEADER,
     Answer,
     Search,
     all_failed,
+    answered_by,
     askable,
     first_answer,
     read_search,
@@ -58,7 +58,8 @@ class FallbackConfig:
     # stale: a stale entry of this vendor first, then a fallback; fresh: a fallback's fresh
     # answer first, then stale.
     prefer: Literal["stale", "fresh"] = "stale"
-    exhausted_for: float = 600.0  # benched after an exhausted-plan answer without a reset hint
+    # Benched after an exhausted-plan answer without a reset hint.
+    exhausted_for: float = EXHAUSTED_FOR_S
     # The longest the primary may hold a request in all (failed attempts, Retry-After or
     # backoff, its limiter's queue, its breaker's wait or slow start) before the fallbacks are
     # asked instead.
@@ -190,9 +191,7 @@ class Failover:
     def _bench_for(self, reply: Reply) -> float:
         """How long a spent plan stays benched: the vendor's reset hint, else the config's."""
         hinted = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
-        if hinted is None or hinted <= 0:
-            return self.config.exhausted_for
-        return min(hinted, MAX_BENCH_S)
+        return bench_seconds(hinted, self.config.exhausted_for)
 
     def _all_failed(self, failure: ProxyError, parts: list[Answer], *, benched: bool) -> ProxyError:
         """The route's own failure (its type, status and category kept), its message naming
@@ -232,13 +231,8 @@ class Failover:
 
     def _answer(self, answer: Answer, flow: Flow, search: Search, why: str) -> Reply:
         """`answer` as the agent gets it, the flow annotated with where it came from."""
-        flow.trace.provider = answer.provider
-        flow.trace.reply_headers["X-Search-Provider"] = answer.provider
+        answered_by(flow, answer.provider, answer.dropped)
         flow.trace.reply_headers["X-Search-Failover"] = f"{self.route} failed: {why}"
-        if answer.dropped:  # options the fallback vendor cannot honour: its results ignore them
-            flow.trace.reply_headers[DROPPED_HEADER] = ",".join(answer.dropped)
-        else:
-            flow.trace.reply_headers.pop(DROPPED_HEADER, None)
         reply = translated(self.profile, answer, search.count, f"{self.route} failed: {why}")
         reply.headers.setdefault(
             "Cache-Status", f"search-proxy; fwd=uri-miss; detail=failover-{answer.provider}"

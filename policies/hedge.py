@@ -38,7 +38,7 @@ from policies.core.settings import (
 )
 from policies.latency import LatencyWindow
 from policies.profiles import VendorProfile, request_query
-from policies.providers import Answer, Search, ask, read_search, skipped, translated
+from policies.providers import Answer, Search, answered_by, ask, read_search, skipped, translated
 
 # The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
 MIN_AFTER_S = 0.001
@@ -353,10 +353,7 @@ class _Race:
                 p.events.attempt(p.route, outcome)
             self.failure = None
         if winner.provider is not None:
-            self.flow.trace.provider = winner.provider
-            self.flow.trace.reply_headers["X-Search-Provider"] = winner.provider
-            if winner.dropped:
-                self.flow.trace.reply_headers["X-Search-Dropped-Options"] = ",".join(winner.dropped)
+            answered_by(self.flow, winner.provider, winner.dropped)
         return reply
 
     def _no_winner(self) -> Reply:

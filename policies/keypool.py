@@ -21,7 +21,7 @@ import structlog
 from multidict import CIMultiDict
 
 from policies.backoff import parse_retry_after
-from policies.core.benched import Benched
+from policies.core.benched import EXHAUSTED_FOR_S, Benched, bench_seconds
 from policies.core.clock import Clock
 from policies.core.errors import KeysBenched, seconds_text
 from policies.core.events import Events
@@ -38,7 +38,6 @@ log = structlog.get_logger("search_proxy.keypool")
 # Why a key is benched, as metrics label it and Benched records it.
 RATE_LIMITED, EXHAUSTED = "rate_limited", "exhausted"
 # A key out of credits (or revoked) without a reset hint, on a route without `fallback`.
-EXHAUSTED_FOR_S = 600.0
 # Not a key but the caller's fault or the vendor's whim: bad keys and unpaid plans only.
 _REFUSED_KEY = frozenset({401, 402})
 # A key freed later than this before the request's deadline would only buy a timeout.
@@ -200,7 +199,7 @@ class KeyPool:
         nothing against the key."""
         hinted = parse_retry_after(reply.headers.get("Retry-After"), self.clock.wall())
         if self.classify(reply) is Outcome.TERMINAL or reply.status in _REFUSED_KEY:
-            return (hinted if hinted and hinted > 0 else self.exhausted_for), EXHAUSTED
+            return bench_seconds(hinted, self.exhausted_for), EXHAUSTED
         if reply.status == 429 and hinted and hinted > 0:
             return hinted, RATE_LIMITED
         return None

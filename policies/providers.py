@@ -94,6 +94,17 @@ def read_search(profile: VendorProfile, flow: Flow, ref: QueryRef, now: datetime
     return Search(ref.text, replace(asked, max_results=asked.max_results or DEFAULT_RESULTS))
 
 
+def answered_by(flow: Flow, provider: str, dropped: Sequence[str]) -> None:
+    """Note on `flow` which provider answered it, and the options that provider could not
+    honour (its results ignore them): the agent's X-Search-Provider and DROPPED_HEADER."""
+    flow.trace.provider = provider
+    flow.trace.reply_headers["X-Search-Provider"] = provider
+    if dropped:
+        flow.trace.reply_headers[DROPPED_HEADER] = ",".join(dropped)
+    else:
+        flow.trace.reply_headers.pop(DROPPED_HEADER, None)
+
+
 def skipped(provider: Provider, search: Search, *, own_key: bool = False) -> Answer | None:
     """Why `provider` is not asked now (no key configured and none sent, its circuit open), or
     None when it may be."""

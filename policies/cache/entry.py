@@ -73,7 +73,8 @@ def entry_from_reply(reply: Reply, stored_at: float) -> Entry:
 # Headers that make an answer one client's own: a session it opened (MCP's Mcp-Session-Id, a
 # cookie). Replayed, the answer would hand the next caller a session that is not its own; like
 # nginx's and Varnish's caches, such answers are never stored.
-SESSION_HEADERS = ("Mcp-Session-Id", "Set-Cookie")
+MCP_SESSION = "Mcp-Session-Id"
+SESSION_HEADERS = (MCP_SESSION, "Set-Cookie")
 
 
 def opens_session(reply: Reply) -> bool:

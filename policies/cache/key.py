@@ -15,6 +15,7 @@ import orjson
 from multidict import CIMultiDict, MultiMapping
 
 from policies.cache.config import CacheConfig
+from policies.cache.entry import MCP_SESSION
 from policies.core.credentials import CREDENTIAL_NAMES, is_credential_name
 
 _QUERY_FIELDS = frozenset({"query", "q"})
@@ -65,7 +66,7 @@ def session_traffic(headers: CIMultiDict[str], body: bytes) -> bool:
     is a JSON-RPC message (or batch). Its answer (an `initialize` with the session it opened, a
     reply under this client's ids) is never another caller's, so the cache leaves it alone,
     unless the route reads the messages itself and gives a key of its own (`key_body`)."""
-    if "Mcp-Session-Id" in headers:
+    if MCP_SESSION in headers:
         return True
     if b'"jsonrpc"' not in body:
         return False
@@ -127,8 +128,7 @@ def _kept(value: Any, field: str | None) -> bool:
 def _is_param_credential(name: str, known: frozenset[str]) -> bool:
     # Exact names only: a shared key leaves these out, so a parameter the broad rule would
     # match (`keywords`, `author`) must stay in it or different searches would share an entry.
-    lower = name.lower()
-    return lower in CREDENTIAL_NAMES or lower in known
+    return name.lower() in _credential_fields(known)
 
 
 @lru_cache(maxsize=64)  # one set per route's known names
@@ -200,7 +200,7 @@ def _query_part(
         if _is_param_credential(name, known):
             credentials.append(f"{name}={value}")
         else:
-            params.append((unicodedata.normalize("NFC", name), _text(value, name)))
+            params.append((_nfc(name), _text(value, name)))
     # A stable sort keeps repeated parameters in their order, which may carry meaning.
     params.sort(key=itemgetter(0))
     return params, credentials

@@ -13,6 +13,14 @@ from policies.core.redislink import UNAVAILABLE, RedisLink
 REFRESH_S = 1.0
 # A vendor's reset hint may say anything; a day covers daily quotas.
 MAX_BENCH_S = 86_400.0
+# A spent plan (a key's, a vendor's) stays benched this long when the vendor gives no reset.
+EXHAUSTED_FOR_S = 600.0
+
+
+def bench_seconds(retry_after: float | None, default: float) -> float:
+    """How long a spent plan stays benched: the vendor's reset hint (Retry-After, in seconds,
+    at most MAX_BENCH_S when marked), else `default`."""
+    return retry_after if retry_after is not None and retry_after > 0 else default
 
 
 class Benched:
