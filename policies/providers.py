@@ -28,7 +28,6 @@ from policies.profiles import (
     SearchResult,
     VendorProfile,
     build_search,
-    credential_slot,
     error_message,
     extract_results,
     normalize_results,
@@ -252,7 +251,7 @@ def _flow(
     set_headers = provider.headers
     if key is not None:
         request = with_credential(profile, request, key)
-        slot = credential_slot(profile)
+        slot = profile.key_slot
         slot_name = slot.name.lower() if slot else ""
         # The agent's key replaces the configured one; only a digest of it identifies the
         # caller to the cache, the limiter and the loop guard.

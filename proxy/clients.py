@@ -26,7 +26,6 @@ from policies.profiles import (
     CredentialSlot,
     VendorProfile,
     body_keys,
-    credential_slot,
     with_body_key,
 )
 from policies.quota import DailyQuota
@@ -241,7 +240,7 @@ class ClientGate:
         """The caller whose token the request carries (in `profile`'s credential slot, its
         body's key fields, or as a bearer token); Unauthorized without one. Every place that
         carried a known token is recorded, to be scrubbed."""
-        slot = credential_slot(profile) if profile is not None else None
+        slot = profile.key_slot if profile is not None else None
         name: str | None = None
         carrying_headers: list[tuple[str, str]] = []
         carrying_params: list[tuple[str, str]] = []
@@ -297,7 +296,7 @@ def keyless_routes(routes: Mapping[str, Route]) -> list[str]:
     `keys`): with clients configured, their requests reach the vendor with no key at all."""
     keyless = []
     for name, route in routes.items():
-        slot = credential_slot(route.profile) if route.profile is not None else None
+        slot = route.profile.key_slot if route.profile is not None else None
         if slot is None:
             continue
         filled = route.keys is not None or (

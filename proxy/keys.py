@@ -8,7 +8,7 @@ from dataclasses import replace
 
 from policies.core.flow import Request
 from policies.core.profile import VendorProfile
-from policies.profiles import credential_slot, with_body_key
+from policies.profiles import with_body_key
 
 
 def injected_key(
@@ -16,7 +16,7 @@ def injected_key(
 ) -> str | None:
     """The key a route puts where its vendor reads one (its `headers.set` value for the
     profile's key header, less the scheme), or None when it injects none."""
-    slot = credential_slot(profile) if profile is not None else None
+    slot = profile.key_slot if profile is not None else None
     if slot is None or slot.kind != "header":
         return None
     for name, value in set_headers:

@@ -30,7 +30,6 @@ from policies.core.options import MAX_DOMAINS, TIME_RANGES
 from policies.profiles import (
     OptionError,
     SearchOptions,
-    credential_slot,
     extract_details,
     normalize_results,
 )
@@ -301,7 +300,7 @@ def _credentials(value: Any, config: SearchApiConfig, routes: dict[str, Route]) 
             raise _field_error(where, f"is not a search provider ({_known(config)})")
         profile = routes[name].profile
         assert profile is not None  # checked by _is_provider
-        if credential_slot(profile) is None:
+        if profile.key_slot is None:
             raise _field_error(where, f"is not needed: {name} takes no API key")
         if not isinstance(key, str) or not key.strip():
             raise _field_error(where, "must be the API key, as text")

@@ -19,7 +19,6 @@ from policies.profiles import (
     VendorProfile,
     build_search,
     build_search_request,
-    credential_slot,
     extract_details,
     read_options,
     with_credential,
@@ -328,7 +327,7 @@ def test_a_key_goes_where_its_vendor_reads_it():
     assert brave.headers["X-Subscription-Token"] == "BSA"
     serpapi = with_credential(P["serpapi"], build("serpapi")[0], "sk")
     assert serpapi.query_params["api_key"] == "sk" and "api_key" not in serpapi.headers
-    assert credential_slot(P["searxng"]) is None
+    assert P["searxng"].key_slot is None
     with pytest.raises(ValueError, match="takes no API key"):
         with_credential(P["searxng"], build("searxng")[0], "k")
     with pytest.raises(ValueError, match="one non-empty line"):

@@ -38,7 +38,6 @@ from policies.core.outcome import Outcome
 from policies.core.profile import VendorProfile
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link
-from policies.profiles import credential_slot
 
 __all__ = [
     "LINK",
@@ -82,7 +81,7 @@ def known_credentials(route: RouteConfig, profile: VendorProfile | None) -> Know
     params: set[str] = set()
     if profile is not None:
         headers.update(name.lower() for name in profile.search_headers)
-        slot = credential_slot(profile)
+        slot = profile.key_slot
         if slot is not None:
             (headers if slot.kind == "header" else params).add(slot.name.lower())
     return KnownCredentials(frozenset(headers), frozenset(params))

@@ -17,7 +17,6 @@ import orjson
 from policies.core.flow import Request
 from policies.core.options import SearchOptions
 from policies.core.profile import (
-    CredentialSlot,
     QueryLocation,
     QueryRef,
     SearchRequest,
@@ -202,15 +201,10 @@ def build_search(
     return apply_options(profile, request, options, now=now)
 
 
-def credential_slot(profile: VendorProfile) -> CredentialSlot | None:
-    """Where this profile's vendor (or the vendor it extends) takes its key; None: nowhere."""
-    return profile.key_slot
-
-
 def with_credential(profile: VendorProfile, request: SearchRequest, key: str) -> SearchRequest:
     """`request` carrying `key` where this vendor reads it. Raises ValueError when the vendor
     takes no key, or the key is empty or spans lines."""
-    slot = credential_slot(profile)
+    slot = profile.key_slot
     if slot is None:
         raise ValueError(f"{profile.name} takes no API key")
     if not key.strip() or any(c in key for c in "\r\n\0"):
