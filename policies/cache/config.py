@@ -55,7 +55,7 @@ def parse(raw: Any, path: str) -> CacheConfig:
             "shared": boolean,
             "max_entries": whole_in(1),
             "max_bytes": parse_size,
-            # 0 is meaningful: no cross-replica fetch lock (see FetchLock.acquire).
+            # 0 is meaningful: no cross-replica fetch lock (see FetchLock.ask).
             "lock_wait": parse_duration,
             "vary": header_names,
         },

@@ -23,7 +23,7 @@ class LockState(enum.Enum):
 
 
 class Lease(NamedTuple):
-    """What `FetchLock.acquire` got: the state, and the owner token when ACQUIRED."""
+    """What a lookup's lock ask got: the state, and the owner token when ACQUIRED."""
 
     state: LockState
     token: str = ""
@@ -62,11 +62,6 @@ class Poll(NamedTuple):
 class LockStore(Protocol):
     """The part of a cache store that keeps the fetch locks."""
 
-    async def lock(self, key: str, token: str, ttl: float) -> LockState:
-        """Take the cross-replica fetch lock for `key` as `token`, for at most `ttl` seconds;
-        a request to take it that reaches the store after its caller gave up takes nothing."""
-        ...
-
     async def poll(self, key: str) -> Poll:
         """One look at the shared tier while another replica fetches `key`."""
         ...
@@ -79,7 +74,7 @@ class LockStore(Protocol):
 class FetchLock:
     """One route's fetch lock across replicas, kept in its store (SET NX PX in Redis).
 
-    `acquire` takes it for `lock_wait` under a fresh owner token; its owner releases it by
+    A lookup takes it (`ask`) for `lock_wait` under a fresh owner token; its owner releases it by
     storing the entry (`put(..., unlock=token)`) or with `release`, and only the owner can. A
     request that finds it held `wait`s for the owner's entry, then fetches itself when none came.
 
@@ -107,14 +102,6 @@ class FetchLock:
             return None
         return LockAsk(f"{self._instance}:{next(self._tokens)}", self.cfg.lock_wait)
 
-    async def acquire(self, key: str, deadline: float) -> Lease:
-        """Take the lock for `key`; ABSENT when `lock_wait` is 0, there is no shared tier, or
-        the caller has no time left to use it."""
-        ask = self.ask(deadline)
-        if ask is None:
-            return NO_LEASE
-        return ask.lease(await self.store.lock(key, ask.token, ask.ttl))
-
     async def wait(
         self, key: str, deadline: float, seen: Entry | None
     ) -> tuple[Entry, float] | None:
@@ -141,6 +128,6 @@ class FetchLock:
             await self.clock.sleep(min(self.poll_interval, left))
 
     async def release(self, key: str, lease: Lease) -> None:
-        """Release a lock taken by `acquire` when no entry was stored."""
+        """Release a lock a lookup took (its lease) when no entry was stored."""
         if lease.state is LockState.ACQUIRED:
             await self.store.unlock(key, lease.token)

@@ -99,10 +99,6 @@ class MemoryStore:
     async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         self.keep(key, entry)
 
-    async def lock(self, key: str, token: str, ttl: float) -> LockState:
-        # One process: the policy's in-flight map already makes one fetch per key.
-        return LockState.ABSENT
-
     async def poll(self, key: str) -> Poll:
         return Poll(self.peek(key), held=False)
 
@@ -137,17 +133,6 @@ if ARGV[2] == '' or fresh(entry, ARGV[1]) then return {entry, 2} end
 if too_late(ARGV[4]) then return {entry, -1} end
 if redis.call('SET', KEYS[2], ARGV[2], 'NX', 'PX', ARGV[3]) then return {entry, 1} end
 return {entry, 0}
-"""
-)
-
-_LOCK_LUA: Final = (
-    LATE_GUARD_LUA
-    + """
--- KEYS[1] the lock; ARGV: owner token, ttl ms, not-after ms.
--- 1: taken; 0: another owner holds it; LATE: the caller gave up before this ran.
-if too_late(ARGV[3]) then return -1 end
-if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then return 1 end
-return 0
 """
 )
 
@@ -187,7 +172,6 @@ class RedisStore:
         self.clock = clock
         client = link.client
         self._lookup = client.register_script(_LOOKUP_LUA)
-        self._lock = client.register_script(_LOCK_LUA)
         self._unlock = client.register_script(_UNLOCK_LUA)
         self._store = client.register_script(_STORE_LUA)
         self._poll = client.register_script(_POLL_LUA)
@@ -240,19 +224,6 @@ class RedisStore:
         keys, args = [name, self.lock_key(key)], (data, px, unlock)
         await self.link.run(lambda r: self._store(keys=keys, args=args, client=r))
 
-    async def lock(self, key: str, token: str, ttl: float) -> LockState:
-        name, px = self.lock_key(key), max(1, math.ceil(ttl * 1000))
-        got = await self.link.run(
-            lambda r: self._lock(keys=[name], args=[token, px, self.link.not_after()], client=r)
-        )
-        if got is UNAVAILABLE:
-            return LockState.ABSENT
-        if got == LATE:
-            # We were still waiting, so our idea of Redis's clock is off: measure it again.
-            self.link.resync()
-            return LockState.ABSENT
-        return LockState.ACQUIRED if got == 1 else LockState.HELD
-
     async def poll(self, key: str) -> Poll:
         keys = [self.entry_key(key), self.lock_key(key)]
         found = await self.link.run(lambda r: self._poll(keys=keys, args=[], client=r))
@@ -291,9 +262,6 @@ class TieredStore:
     async def put(self, key: str, entry: Entry, *, unlock: str | None = None) -> None:
         self.local.keep(key, entry)
         await self.shared.put(key, entry, unlock=unlock)
-
-    async def lock(self, key: str, token: str, ttl: float) -> LockState:
-        return await self.shared.lock(key, token, ttl)
 
     async def poll(self, key: str) -> Poll:
         found = await self.shared.poll(key)

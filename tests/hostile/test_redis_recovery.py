@@ -7,6 +7,7 @@ requests does not wait on locks that nobody holds."""
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 import signal
 import time
@@ -109,19 +110,25 @@ async def test_a_command_that_timed_out_is_not_sent_again(link: RedisLink, raw: 
     assert await raw.get("rec:counter") == b"1"
 
 
+async def missing(store: RedisStore, key: str, token: str) -> Found:
+    """A lookup of `key` that no entry can answer fresh, asking for its fetch lock as `token`."""
+    return await store.lookup(key, math.inf, LockAsk(token, 2.0))
+
+
 async def test_a_fetch_lock_sent_to_a_stalled_redis_takes_nothing_when_it_wakes(
     killable_redis: RedisServer, link: RedisLink, raw: Redis
 ) -> None:
     store = RedisStore(link, retain=60.0, clock=SYSTEM_CLOCK)
-    assert await store.lock("r:warm", "w", ttl=2.0) is LockState.ACQUIRED  # script loaded
+    # A lookup of a missing entry asks for the fetch lock with it (and loads the script).
+    assert (await missing(store, "r:warm", "w")).lease.state is LockState.ACQUIRED
     async with stalled(killable_redis):
-        state = await gives_up_in_time(store.lock("r:k", "mine", ttl=2.0), link)
-        assert state is LockState.ABSENT  # fetch without a lock meanwhile
+        found = await gives_up_in_time(missing(store, "r:k", "mine"), link)
+        assert found.lease.state is LockState.ABSENT  # fetch without a lock meanwhile
         await past_the_deadline_it_sent(link)
     assert not await raw.exists(store.lock_key("r:k"))
     # Redis is back: the next request takes the lock as usual.
     await asyncio.sleep(0.06)  # the link's retry_interval
-    assert await store.lock("r:k", "next", ttl=2.0) is LockState.ACQUIRED
+    assert (await missing(store, "r:k", "next")).lease.state is LockState.ACQUIRED
 
 
 async def test_a_token_asked_of_a_stalled_redis_is_not_reserved_when_it_wakes(
@@ -156,11 +163,12 @@ async def test_a_fetch_lock_lapses_after_lock_wait_and_only_its_owner_releases_i
 ) -> None:
     store = RedisStore(link, retain=60.0, clock=SYSTEM_CLOCK)
     lock = FetchLock(store, CacheConfig(lock_wait=1.5), SYSTEM_CLOCK, poll_interval=0.01)
-    lease = await lock.acquire("r:k", deadline=SYSTEM_CLOCK.now() + 30)
+    lease = (await store.lookup("r:k", math.inf, lock.ask(SYSTEM_CLOCK.now() + 30))).lease
     assert lease.state is LockState.ACQUIRED
     name = store.lock_key("r:k")
     assert 1000 < await raw.pttl(name) <= 1500  # lock_wait, not the 30 s the caller has
-    assert (await lock.acquire("r:k", deadline=SYSTEM_CLOCK.now() + 30)).state is LockState.HELD
+    again = await store.lookup("r:k", math.inf, lock.ask(SYSTEM_CLOCK.now() + 30))
+    assert again.lease.state is LockState.HELD
     await store.unlock("r:k", "someone else")
     assert await raw.exists(name)
     await lock.release("r:k", lease)
@@ -170,8 +178,10 @@ async def test_a_fetch_lock_lapses_after_lock_wait_and_only_its_owner_releases_i
 async def test_no_lock_is_asked_for_by_a_caller_out_of_time(link: RedisLink, raw: Redis) -> None:
     store = RedisStore(link, retain=60.0, clock=SYSTEM_CLOCK)
     lock = FetchLock(store, CacheConfig(lock_wait=1.5), SYSTEM_CLOCK, poll_interval=0.01)
-    lease = await lock.acquire("r:k", deadline=SYSTEM_CLOCK.now() - 0.001)
-    assert lease.state is LockState.ABSENT and not await raw.exists(store.lock_key("r:k"))
+    ask = lock.ask(SYSTEM_CLOCK.now() - 0.001)
+    assert ask is None
+    found = await store.lookup("r:k", math.inf, ask)
+    assert found.lease.state is LockState.ABSENT and not await raw.exists(store.lock_key("r:k"))
 
 
 async def test_after_a_redis_stall_a_burst_does_not_wait_on_locks_nobody_holds(
