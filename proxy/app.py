@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import hashlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import aiohttp
 import structlog
@@ -229,18 +229,12 @@ async def search_endpoint(request: web.Request, ex: Exchange) -> web.StreamRespo
         "providers": trace.providers or None,
         "attempts": trace.calls,
     }
-    if request.method != "POST":
-        raise MethodNotAllowed(
-            f"{request.method} /v1/search is not supported: send POST with a JSON body like "
-            '{"query": "..."}',
-            route="search",
-            headers={"Allow": "POST"},
-        )
     api = state.search_api
     assert api is not None  # built at start-up, before the first request
-    gate = state.clients  # with clients: a known token as `Authorization: Bearer`
-    caller = await gate.admit(None, request.headers, "") if gate else None
-    return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
+    example = '{"query": "..."}'
+    return await _own_api(
+        request, "search", example, lambda c: api.handle(request, ex.request_id, trace, c)
+    )
 
 
 async def fetch_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
@@ -256,18 +250,32 @@ async def fetch_endpoint(request: web.Request, ex: Exchange) -> web.StreamRespon
         "pages": trace.pages,
         "cached": trace.cached or None,
     }
-    if request.method != "POST":
-        raise MethodNotAllowed(
-            f"{request.method} /v1/fetch is not supported: send POST with a JSON body like "
-            '{"urls": ["https://example.com/page"]}',
-            route="fetch",
-            headers={"Allow": "POST"},
-        )
     api = state.fetch_api
     assert api is not None  # built at start-up, before the first request
-    gate = state.clients  # with clients: a known token as `Authorization: Bearer`
+    example = '{"urls": ["https://example.com/page"]}'
+    return await _own_api(
+        request, "fetch", example, lambda c: api.handle(request, ex.request_id, trace, c)
+    )
+
+
+async def _own_api(
+    request: web.Request,
+    route: str,
+    example: str,
+    answer: Callable[[str], Awaitable[web.Response]],
+) -> web.Response:
+    """What /v1/search and /v1/fetch share around their API: POST only (a body like `example`),
+    and with clients: a known token as `Authorization: Bearer`, whose name `answer` is given."""
+    if request.method != "POST":
+        raise MethodNotAllowed(
+            f"{request.method} /v1/{route} is not supported: send POST with a JSON body like "
+            f"{example}",
+            route=route,
+            headers={"Allow": "POST"},
+        )
+    gate = request.app[STATE].clients
     caller = await gate.admit(None, request.headers, "") if gate else None
-    return await api.handle(request, ex.request_id, trace, caller.name if caller else "")
+    return await answer(caller.name if caller else "")
 
 
 async def mcp_endpoint(request: web.Request, ex: Exchange) -> web.StreamResponse:
@@ -506,10 +514,8 @@ def _mount_mcp(app: web.Application, config: Config) -> None:
 async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:
     """Run the MCP server (proxy/mcp_server.py) over the search API `_lifecycle` built."""
     state = app[STATE]
-    assert state.mcp is not None and state.search_api is not None
-    async with state.mcp.running(
-        state.search_api, state.clients, state.config.server.max_body_bytes
-    ):
+    assert state.mcp is not None and state.mcp.api is not None  # state.use() gave it its API
+    async with state.mcp.running(state.config.server.max_body_bytes):
         yield
 
 

@@ -4,7 +4,6 @@ why) and, as `structuredContent`, /v1/fetch's answer."""
 
 from __future__ import annotations
 
-import copy
 from collections.abc import Mapping
 from typing import Any
 
@@ -15,6 +14,7 @@ from policies.core.errors import BadRequest, ProxyError
 from proxy.clients import ClientGate
 from proxy.errors import InternalError
 from proxy.fetch_api import FetchApi, FetchTrace
+from proxy.mcp_tool import answer_schema, error_result
 
 log = structlog.get_logger("search_proxy")
 
@@ -55,14 +55,7 @@ def input_schema(schemas: Mapping[str, Any], default_chars: int) -> dict[str, An
 
 def output_schema(schemas: Mapping[str, Any]) -> dict[str, Any]:
     """The tool's outputSchema: /v1/fetch's answer, its references made local."""
-    answer = copy.deepcopy(dict(schemas["FetchAnswer"]))
-    for part in ("results", "failed"):
-        ref = answer["properties"][part]["items"]["$ref"]
-        answer["properties"][part]["items"]["$ref"] = ref.replace(
-            "#/components/schemas/", "#/$defs/"
-        )
-    answer["$defs"] = {n: copy.deepcopy(schemas[n]) for n in ("FetchResult", "FetchFailure")}
-    return answer
+    return answer_schema(schemas, "FetchAnswer", ("FetchResult", "FetchFailure"))
 
 
 def fetch_body(arguments: Mapping[str, Any]) -> dict[str, Any]:
@@ -101,12 +94,6 @@ def render_pages(answer: Mapping[str, Any]) -> str:
     return "\n".join(lines).rstrip()
 
 
-def _error(text: str) -> types.ServerResult:
-    return types.ServerResult(
-        types.CallToolResult(content=[types.TextContent(type="text", text=text)], isError=True)
-    )
-
-
 class FetchTool:
     """fetch_page as the MCP server lists and calls it."""
 
@@ -143,11 +130,11 @@ class FetchTool:
             answer = await self.api.answer(body, request_id, done, client, endpoint=TOOL_NAME)
         except ProxyError as err:
             trace.error = err.type
-            return _error(err.message)
+            return error_result(err.message)
         except Exception:
             log.exception("mcp_tool_failed", request_id=request_id, tool=TOOL_NAME)
             trace.error = InternalError.type
-            return _error(
+            return error_result(
                 "search-proxy failed while reading pages (a bug; its log has the details, "
                 f"request id {request_id}); try again"
             )

@@ -118,16 +118,14 @@ class McpEndpoint:
         self._starting = asyncio.Lock()
 
     @contextlib.asynccontextmanager
-    async def running(
-        self, api: SearchApi, clients: ClientGate | None, max_body_bytes: int
-    ) -> AsyncIterator[None]:
-        """Serve while inside; the engine, if a request started it, stops on the way out."""
+    async def running(self, max_body_bytes: int) -> AsyncIterator[None]:
+        """Serve while inside (over what `use` gave it); the engine, if a request started it,
+        stops on the way out."""
         if not self.config.enabled:
             yield
             return
-        self.api, self.clients = api, clients
         self._max_body_bytes = max_body_bytes
-        if clients is None and self.config.allow_remote:
+        if self.clients is None and self.config.allow_remote:
             log.warning(
                 "mcp_server_open",
                 path=self.config.path,

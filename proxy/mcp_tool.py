@@ -61,12 +61,21 @@ def _local_refs(node: Any) -> Any:
     return node
 
 
+def answer_schema(
+    schemas: Mapping[str, Any], answer: str, parts: tuple[str, ...]
+) -> dict[str, Any]:
+    """A tool's outputSchema: the OpenAPI schema `answer`, with the schemas it refers to
+    (`parts`) as its own `$defs`."""
+    found: dict[str, Any] = _local_refs(schemas[answer])
+    found["$defs"] = {name: _local_refs(schemas[name]) for name in parts}
+    return found
+
+
 def output_schema(document: Mapping[str, Any]) -> dict[str, Any]:
     """The tool's outputSchema: /v1/search's answer to one query, from its OpenAPI document."""
-    schemas = document["components"]["schemas"]
-    answer: dict[str, Any] = _local_refs(schemas["SearchAnswer"])
-    answer["$defs"] = {name: _local_refs(schemas[name]) for name in ("SearchResult", "Attempt")}
-    return answer
+    return answer_schema(
+        document["components"]["schemas"], "SearchAnswer", ("SearchResult", "Attempt")
+    )
 
 
 def input_schema(document: Mapping[str, Any], default_max_results: int) -> dict[str, Any]:
