@@ -6,15 +6,13 @@ connection (proxy/guard.py)."""
 
 from __future__ import annotations
 
-import asyncio
-import gc
 from collections.abc import Callable
 
 import structlog
 
 from policies.core.errors import MemoryBudgetFull
 from policies.core.memory import Hold, MemoryBudget
-from proxy.capacity import trim_heap
+from proxy.capacity import RECLAIMER
 
 log = structlog.get_logger("search_proxy")
 
@@ -38,31 +36,9 @@ def giving_back(hold: Hold | None, size: int) -> Callable[[], None] | None:
     return lambda: hold.give(size)
 
 
-RECLAIM_DELAY_S = 1.0  # a burst's answers are still referenced as it drains: look after them
-RECLAIM_EVERY_S = 10.0  # a full collection at most this often, however busy the proxy
-
-
 def budget_for(limit: int) -> MemoryBudget:
     """The process's budget; each time a burst has drained, its memory goes back to the OS."""
-    pending: list[asyncio.TimerHandle] = []
-    last = [-RECLAIM_EVERY_S]
-
-    def reclaim() -> None:
-        # A failed or cut exchange keeps its body alive in a reference cycle (its exception's
-        # traceback, its task) that only a full collection finds; glibc then keeps the freed
-        # pages unless asked.
-        pending.clear()
-        last[0] = asyncio.get_running_loop().time()
-        gc.collect()
-        trim_heap()
-
-    def drained() -> None:
-        loop = asyncio.get_running_loop()
-        if not pending:
-            due = max(loop.time() + RECLAIM_DELAY_S, last[0] + RECLAIM_EVERY_S)
-            pending.append(loop.call_at(due, reclaim))
-
-    return MemoryBudget(limit, on_drained=drained)
+    return MemoryBudget(limit, on_drained=lambda: RECLAIMER.soon("bodies"))
 
 
 def charge_body(hold: Hold | None, size: int, where: str) -> None:

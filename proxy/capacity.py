@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import ctypes
+import gc
 import ipaddress
 import math
 import resource
@@ -179,3 +180,48 @@ def trim_heap() -> None:
     """Hand the heap's free pages back to the OS (glibc keeps them otherwise; elsewhere a no-op)."""
     if _MALLOC_TRIM is not None:
         _MALLOC_TRIM(0)
+
+
+RECLAIM_DELAY_S = 1.0  # a burst's objects are still referenced as it drains: look after it
+RECLAIM_EVERY_S = 10.0  # a full collection at most this often, however busy the proxy
+
+
+class Reclaimer:
+    """Gives a burst's memory back to the OS once it has drained: a flood of connections gone
+    (proxy/guard.py), or the bodies of the memory budget all written (proxy/budget.py).
+
+    What a failed or cut exchange leaves sits in reference cycles (its task, its exception's
+    traceback and frames) that only a full collection finds, and glibc keeps freed heap unless
+    asked: so collect, then trim a moment later, once the buffers the collection freed are gone.
+    One per process (`RECLAIMER`): the memory is the process's."""
+
+    def __init__(self, delay: float = RECLAIM_DELAY_S) -> None:
+        self.delay = delay  # after the ask, and again before the trim
+        self._pending: asyncio.TimerHandle | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._last = -RECLAIM_EVERY_S
+
+    def soon(self, after: str, *, every: float = RECLAIM_EVERY_S, **fields: Any) -> None:
+        """Reclaim `delay` seconds from now (or `every` seconds after the last), unless one is
+        due already; `after` and `fields` say why, in its log line."""
+        loop = asyncio.get_running_loop()
+        if self._pending is not None and self._loop is loop:
+            return
+        self._loop = loop
+        due = max(loop.time() + self.delay, self._last + every)
+        self._pending = loop.call_at(due, self._collect, after, fields)
+
+    def _collect(self, after: str, fields: dict[str, Any]) -> None:
+        loop = asyncio.get_running_loop()
+        started = self._last = loop.time()
+        found = gc.collect()
+        took_ms = round((loop.time() - started) * 1000, 1)
+        log.info("memory_reclaimed", after=after, objects=found, took_ms=took_ms, **fields)
+        self._pending = loop.call_later(self.delay, self._trim)
+
+    def _trim(self) -> None:
+        trim_heap()
+        self._pending = None
+
+
+RECLAIMER = Reclaimer()

@@ -15,7 +15,6 @@ tests/hostile drives each limit against a real process.
 from __future__ import annotations
 
 import asyncio
-import gc
 import os
 import re
 from collections import Counter
@@ -33,7 +32,7 @@ from aiohttp.web_request import BaseRequest
 
 from policies.core.errors import BadRequest, ProxyError, seconds_text
 from policies.core.memory import HOLD, Hold, MemoryBudget
-from proxy.capacity import OverloadLog, peer_of, per_peer_limit, trim_heap
+from proxy.capacity import RECLAIMER, OverloadLog, peer_of, per_peer_limit
 from proxy.config import ServerConfig
 from proxy.dialects import error_body, error_response, reason_phrase
 from proxy.errors import (
@@ -48,7 +47,6 @@ log = structlog.get_logger("search_proxy")
 
 CUT_MARGIN_S = 0.5  # after shutdown_grace: how long a cut request has to answer and log itself
 RECLAIM_AFTER = 512  # connections gone since the peak that make a flood worth reclaiming after
-RECLAIM_DELAY_S = 1.0  # a flood leaves over a few milliseconds: reclaim once, after it
 _SUPPORTED = (HttpVersion10, HttpVersion11)
 _CLAIMED_VERSION = web.RequestKey("search_proxy_claimed_version", str)
 # From the first quoted literal on: aiohttp quotes the bytes it could not parse (a header line,
@@ -398,7 +396,6 @@ class GuardedServer(web.Server):
         self.per_peer = per_peer_limit(limits)
         self._peers: Counter[str] = Counter()  # open connections by peer_of(address)
         self._peak = 0  # most connections open at once since the last reclaim
-        self._reclaim: asyncio.TimerHandle | None = None
         self._app_handler = plain.request_handler
         self._app_request = plain.request_factory
         self._in_flight: dict[asyncio.Task[Any], ClientConnection] = {}
@@ -455,36 +452,11 @@ class GuardedServer(web.Server):
             else:
                 del self._peers[peer]
         self.open -= 1
-        if (
-            self._reclaim is None
-            and self._peak - self.open >= RECLAIM_AFTER
-            and self.open <= self._peak // 2
-        ):
-            self._reclaim = self._loop.call_later(RECLAIM_DELAY_S, self._reclaim_memory)
-
-    def _reclaim_memory(self) -> None:
-        """After a flood of connections left (most of the peak gone), give its memory back.
-
-        aiohttp's per-connection objects sit in reference cycles (tasks, their exceptions and
-        frames) that only a full collection finds; their buffers are released over the next
-        loop iterations, and glibc returns freed heap to the OS only when asked: so collect
-        now, trim a moment later.
-        """
-        started = self._loop.time()
-        found = gc.collect()
-        log.info(
-            "memory_reclaimed",
-            peak_connections=self._peak,
-            open=self.open,
-            objects=found,
-            took_ms=round((self._loop.time() - started) * 1000, 1),
-        )
-        self._peak = self.open
-        self._reclaim = self._loop.call_later(RECLAIM_DELAY_S, self._trim)
-
-    def _trim(self) -> None:
-        trim_heap()
-        self._reclaim = None
+        if self._peak - self.open >= RECLAIM_AFTER and self.open <= self._peak // 2:
+            # Most of a flood of connections has left: give its memory back. A flood needs
+            # RECLAIM_AFTER connections gone, which bounds how often this asks by itself.
+            RECLAIMER.soon("connections", every=0, peak_connections=self._peak, open=self.open)
+            self._peak = self.open
 
     @property
     def in_flight(self) -> int:

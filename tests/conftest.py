@@ -58,6 +58,7 @@ TIER_OF_MODULE = {
     "test_memory": "e2e",
     "test_bodies": "unit",
     "test_internals": "unit",
+    "test_reclaim": "unit",
     "test_upstream": "integration",
     "test_redis_recovery": "integration",
     "test_redis_commands": "integration",
