@@ -145,17 +145,19 @@ def _phases() -> list[Phase]:
     return phases
 
 
-def _switch(vendor: FakeVendor, kind: str) -> None:
+def switch_fault(vendor: FakeVendor, fault: str | None, retry_after: float = 2.0) -> None:
+    """The primary's fault for a window, one of FAULTS (None: healthy); a 429 storm's answers
+    say Retry-After: `retry_after`."""
     vendor.up().set_default(Fault.ok()).hang_ratio(0).malformed_ratio(0).fail_ratio(0)
-    if kind == "down":
+    if fault == "down":
         vendor.down(503)
-    elif kind == "429 storm":
-        vendor.set_default(Fault.status(429, retry_after=2))
-    elif kind == "20% hangs":
+    elif fault == "429 storm":
+        vendor.set_default(Fault.status(429, retry_after=retry_after))
+    elif fault == "20% hangs":
         vendor.hang_ratio(0.2, 20.0)
-    elif kind == "20% malformed":
+    elif fault == "20% malformed":
         vendor.malformed_ratio(0.2)
-    elif kind == "30% 503":
+    elif fault == "30% 503":
         vendor.fail_ratio(0.3, 503)
 
 
@@ -223,7 +225,7 @@ async def _minute(sides: list[Side], phases: list[Phase]) -> float:
             for phase in phases:
                 await asyncio.sleep(max(0.0, start + phase.start - time.monotonic()))
                 for side in sides:
-                    _switch(side.primary, phase.kind)
+                    switch_fault(side.primary, phase.kind)
 
         asked: dict[str, list[str]] = {s.label: [] for s in sides}
         agents = [

@@ -20,15 +20,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
-import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any
 
 import aiohttp
 import orjson
-import yaml
 
 from bench.procs import (
     Pinning,
@@ -37,12 +34,11 @@ from bench.procs import (
     get_json,
     get_text,
     metric_sum,
-    proxy_config,
-    proxy_from_file,
+    proxy,
     rss_mb,
 )
 from bench.report import Figure, Scenario, at_least, at_most, percentile
-from testkit.procs import Child, StartError, free_port
+from testkit.procs import Child, StartError
 
 TIMEOUTS = {"connect": "1s", "per_try": "2s", "total": "10s"}
 SEQ_CALLS = 300
@@ -53,9 +49,10 @@ def _urls(i: int) -> list[str]:
     return [f"https://example.com/bench/{i}/a", f"https://docs.example.org/bench/{i}?b=1"]
 
 
-@contextlib.contextmanager
-def _proxy(pinning: Pinning, vendor_url: str, *, direct: bool) -> Iterator[tuple[str, Child]]:
-    port = free_port()
+def _proxy(
+    pinning: Pinning, vendor_url: str, *, direct: bool
+) -> contextlib.AbstractContextManager[tuple[str, Child]]:
+    """The proxy with a Tavily route, and /v1/fetch over it (and the direct fetcher)."""
     routes = {
         "tavily": {
             "prefix": "/tavily",
@@ -65,20 +62,8 @@ def _proxy(pinning: Pinning, vendor_url: str, *, direct: bool) -> Iterator[tuple
             "search": {"vendor": "tavily"},
         }
     }
-    document = proxy_config(routes, port=port)
-    document["fetch_api"] = {
-        "providers": ["tavily", "direct"] if direct else ["tavily"],
-        "direct": {"enabled": direct},
-    }
-    fd, path = tempfile.mkstemp(prefix="bench-fetch-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(document, f)
-    try:
-        with proxy_from_file(pinning, path, port=port) as started:
-            yield started
-    finally:
-        with contextlib.suppress(OSError):
-            os.unlink(path)
+    providers = ["tavily", "direct"] if direct else ["tavily"]
+    return proxy(pinning, routes, fetch_api={"providers": providers, "direct": {"enabled": direct}})
 
 
 async def _measure(px_url: str, vendor_url: str) -> dict[str, list[tuple[float, bool]]]:

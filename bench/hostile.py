@@ -23,11 +23,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import json
-import os
 import shutil
 import socket
-import sys
-import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -35,12 +32,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from bench.client import run_load
-from bench.procs import Pinning, fake_vendor
+from bench.procs import Pinning, fake_vendor, proxy
 from bench.report import Figure, Scenario, at_most, every, percentile
-from testkit.procs import Child, StartError, free_port
+from testkit.procs import Child, StartError
 
 IDLE = 1000
 SLOWLORIS = 1000
@@ -73,26 +68,9 @@ def hostile_proxy(
     """`python -m proxy` (log level warning) with these `server:` keys, one route /v to the
     fake vendor (or these `routes`); yields (url, child) once /healthz answers. Its output is
     in child.log_path."""
-    port = free_port()
-    config = {
-        "server": {"host": "127.0.0.1", "port": port, "shutdown_grace": "1s", **server},
-        "log": {"level": "warning", "format": "json"},
-        "routes": routes
-        or {"v": {"prefix": "/v", "upstream": vendor_url, "timeouts": ROUTE_TIMEOUTS}},
-    }
-    fd, config_path = tempfile.mkstemp(prefix="bench-hostile-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        yaml.safe_dump(config, f)
-    argv = [*wrapper, *pinning.prefix(pinning.proxy_cpu), sys.executable, "-m", "proxy"]
-    child = Child("proxy", [*argv, "--config", config_path, "--port", str(port)])
-    url = f"http://127.0.0.1:{port}"
-    try:
-        child.wait_http(url + "/healthz", timeout)
-        yield url, child
-    finally:
-        child.stop()
-        with contextlib.suppress(OSError):
-            os.unlink(config_path)
+    routes = routes or {"v": {"prefix": "/v", "upstream": vendor_url, "timeouts": ROUTE_TIMEOUTS}}
+    with proxy(pinning, routes, server=server, wrapper=wrapper, timeout=timeout) as started:
+        yield started
 
 
 def memory_mb(pid: int) -> dict[str, float]:

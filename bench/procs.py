@@ -152,9 +152,11 @@ def proxy(
     redis: dict[str, Any] | None = None,
     server: dict[str, Any] | None = None,
     cpus: str | None = None,
+    wrapper: tuple[str, ...] = (),
     **sections: Any,
 ) -> Iterator[tuple[str, Child]]:
-    """`python -m proxy` on the proxy CPU (or on `cpus`, a taskset list: `0,1`), ready once
+    """`python -m proxy` on the proxy CPU (or on `cpus`, a taskset list: `0,1`; run under
+    `wrapper`, a command such as prlimit, when given), ready once
     /healthz answers; yields (url, child). `sections` are top-level config sections besides the
     routes (`mcp_server`, ...); `server` adds settings to its own (`workers` ...).
 
@@ -170,7 +172,7 @@ def proxy(
         yaml.safe_dump(config, f)
     try:
         with proxy_from_file(
-            pinning, config_path, port=port, timeout=timeout, cpus=cpus
+            pinning, config_path, port=port, timeout=timeout, cpus=cpus, wrapper=wrapper
         ) as started:
             yield started
     finally:
@@ -186,14 +188,15 @@ def proxy_from_file(
     port: int | None = None,
     timeout: float = 15.0,
     cpus: str | None = None,
+    wrapper: tuple[str, ...] = (),
 ) -> Iterator[tuple[str, Child]]:
-    """`python -m proxy --config FILE` on the proxy CPU (or `cpus`), on a free port (the file's
-    own is overridden), ready once /healthz answers; yields (url, child)."""
+    """`python -m proxy --config FILE` on the proxy CPU (or `cpus`; under `wrapper`), on a free
+    port (the file's own is overridden), ready once /healthz answers; yields (url, child)."""
     port = port or free_port()
     where = pinning.prefix(pinning.proxy_cpu)
     if cpus is not None and pinning.enabled:
         where = ["taskset", "-c", cpus]
-    argv = [*where, sys.executable, "-m", "proxy"]
+    argv = [*wrapper, *where, sys.executable, "-m", "proxy"]
     # Admin endpoints on a free port: proxies running side by side must not share one.
     argv += ["--config", config_path, "--port", str(port), "--admin-port", "0"]
     child = Child("proxy", argv)

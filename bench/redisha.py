@@ -33,10 +33,11 @@ from typing import Any
 import aiohttp
 import redis
 
+from bench.chaos import FAULTS, switch_fault
 from bench.client import result_count
 from bench.procs import Pinning, fake_vendor, get_text, metric_sum, proxy, run_scenarios
 from bench.report import Figure, Scenario, at_most, percentile
-from testkit.fakevendor import FakeVendor, Fault, ThreadedFakeVendor
+from testkit.fakevendor import FakeVendor, ThreadedFakeVendor
 from testkit.redisha import SentinelSet
 from testkit.redisserver import RedisServer
 
@@ -60,8 +61,8 @@ FALLBACK_FAILS = 0.1
 REQUEST_TIMEOUT_S = 20.0
 ANSWERED_NOISE = 1.0  # percentage points
 CALLS_NOISE = 0.10  # share of the healthy run's calls per answer
-# The primary's walk: a fault window, then a healthy one, each WINDOW_S.
-FAULTS = ("down", "429 storm", "20% hangs", "20% malformed", "30% 503")
+# The primary walks chaos's FAULTS: a fault window, then a healthy one, each WINDOW_S (a
+# 429 storm says Retry-After: 1).
 
 
 def _route(upstream: str, **policies: Any) -> dict[str, Any]:
@@ -276,21 +277,6 @@ def _commands_through(server: RedisServer, a: str, b: str) -> list[_Cost]:
 # ---------------------------------------------------------------------------- chaos
 
 
-def _switch(vendor: FakeVendor, fault: str | None) -> None:
-    """The primary's fault for a window (None: healthy)."""
-    vendor.up().set_default(Fault.ok()).hang_ratio(0).malformed_ratio(0).fail_ratio(0)
-    if fault == "down":
-        vendor.down(503)
-    elif fault == "429 storm":
-        vendor.set_default(Fault.status(429, retry_after=1))
-    elif fault == "20% hangs":
-        vendor.hang_ratio(0.2, 20.0)
-    elif fault == "20% malformed":
-        vendor.malformed_ratio(0.2)
-    elif fault == "30% 503":
-        vendor.fail_ratio(0.3)
-
-
 @dataclass
 class _ChaosRun:
     """One run of the agents: what they got, what the vendors and the replicas saw."""
@@ -369,7 +355,7 @@ async def _agents(
         windows = [w for fault in FAULTS for w in (None, fault)]
         for k, fault in enumerate(windows):
             await asyncio.sleep(max(0.0, start + k * WINDOW_S - time.monotonic()))
-            _switch(primary, fault)
+            switch_fault(primary, fault, retry_after=1)
 
     async def killer() -> None:
         if kill is None:
@@ -383,7 +369,7 @@ async def _agents(
     finally:
         for session in sessions:
             await session.close()
-        _switch(primary, None)
+        switch_fault(primary, None, retry_after=1)
 
 
 @contextlib.contextmanager
