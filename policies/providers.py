@@ -7,7 +7,7 @@ and key), what its answer was, and that answer rendered in another vendor's shap
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
 from typing import Any, Literal, Protocol
@@ -234,6 +234,57 @@ def translated(primary: VendorProfile, answer: Answer, count: int, why: str = ""
     return Reply(200, headers, body, outcome=outcome, provider=answer.provider)
 
 
+class VendorCall(Protocol):
+    """A call in a vendor's shape (a search, an extract), as its module builds it."""
+
+    @property
+    def method(self) -> str: ...
+    @property
+    def path(self) -> str: ...
+    @property
+    def query_params(self) -> Mapping[str, str]: ...
+    @property
+    def json_body(self) -> Mapping[str, Any] | None: ...
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+
+def call_flow(
+    provider: Provider,
+    call: VendorCall,
+    set_headers: Iterable[tuple[str, str]],
+    request_id: str,
+    client: str,
+    now: float,
+    deadline: float | None,
+    calls: CallBudget | None,
+) -> Flow:
+    """`call` down the provider's route: its headers over `set_headers` (the route's own), a
+    JSON body, the request id, and a deadline within the route's total."""
+    headers: CIMultiDict[str] = CIMultiDict(set_headers)
+    headers.update(call.headers)
+    body = b""
+    if call.json_body is not None:
+        body = orjson.dumps(call.json_body)
+        headers["Content-Type"] = "application/json"
+    if request_id:
+        headers["X-Request-Id"] = request_id
+    until = now + provider.total if deadline is None else min(deadline, now + provider.total)
+    return Flow.new(
+        route=provider.name,
+        method=call.method,
+        path=call.path,
+        query_string=urlencode(dict(call.query_params)),
+        headers=headers,
+        body=body,
+        request_id=request_id,
+        client=client,
+        deadline=until,
+        started=now,
+        calls=calls,
+    )
+
+
 def _flow(
     provider: Provider,
     search: Search,
@@ -259,28 +310,7 @@ def _flow(
             (k, v) for k, v in set_headers if k.lower() != slot_name and not is_credential_name(k)
         )
         client = client or hashlib.blake2b(key.encode(), digest_size=8).hexdigest()
-    headers: CIMultiDict[str] = CIMultiDict(set_headers)
-    headers.update(request.headers)
-    body = b""
-    if request.json_body is not None:
-        body = orjson.dumps(request.json_body)
-        headers["Content-Type"] = "application/json"
-    if request_id:
-        headers["X-Request-Id"] = request_id
-    until = now + provider.total if deadline is None else min(deadline, now + provider.total)
-    flow = Flow.new(
-        route=provider.name,
-        method=request.method,
-        path=request.path,
-        query_string=urlencode(request.query_params),
-        headers=headers,
-        body=body,
-        request_id=request_id,
-        client=client,
-        deadline=until,
-        started=now,
-        calls=calls,
-    )
+    flow = call_flow(provider, request, set_headers, request_id, client, now, deadline, calls)
     if key is not None:  # the agent's own key: the route's key pool leaves it in place
         flow = flow.with_request(replace(flow.request, own_key=True))
     return flow, dropped

@@ -7,10 +7,6 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Protocol
-from urllib.parse import urlencode
-
-import orjson
-from multidict import CIMultiDict
 
 from policies.core.errors import ProxyError
 from policies.core.extract import ExtractAnswer, ExtractApi, PageFormat, PageRead
@@ -19,7 +15,14 @@ from policies.core.outcome import TERMINAL_STATUSES
 from policies.core.section import Provider
 from policies.fetch.pages import Miss, canonical_url
 from policies.profiles import error_message
-from policies.providers import answer_json, missing_key, open_for, open_reason, reason_of
+from policies.providers import (
+    answer_json,
+    call_flow,
+    missing_key,
+    open_for,
+    open_reason,
+    reason_of,
+)
 
 # Statuses that say the provider (its key, its plan) refused, not the page: 400, 422 and the
 # like are the page's (an address the vendor cannot read).
@@ -120,28 +123,16 @@ class RouteReader:
     def _flow(self, urls: tuple[str, ...], fmt: PageFormat, asking: Asking) -> Flow:
         """The extract call down the route, with the route's own headers (its key)."""
         p = self.provider
-        request = self.api.build(urls, fmt, asking.max_chars)
-        headers: CIMultiDict[str] = CIMultiDict(p.headers)
-        headers.update(request.headers)
-        body = b""
-        if request.json_body is not None:
-            body = orjson.dumps(request.json_body)
-            headers["Content-Type"] = "application/json"
-        if asking.request_id:
-            headers["X-Request-Id"] = asking.request_id
-        now = p.clock.now()
-        return Flow.new(
-            route=p.name,
-            method=request.method,
-            path=request.path,
-            query_string=urlencode(dict(request.query_params)),
-            headers=headers,
-            body=body,
-            request_id=asking.request_id,
-            client=asking.client,
-            deadline=min(asking.deadline, now + p.total),
-            started=now,
-            calls=asking.calls,
+        call = self.api.build(urls, fmt, asking.max_chars)
+        return call_flow(
+            p,
+            call,
+            p.headers,
+            asking.request_id,
+            asking.client,
+            p.clock.now(),
+            asking.deadline,
+            asking.calls,
         )
 
 
