@@ -15,7 +15,6 @@ import hashlib
 import math
 from dataclasses import dataclass, field, replace
 from typing import Any
-from urllib.parse import quote, unquote_plus
 
 import structlog
 from multidict import CIMultiDict
@@ -31,7 +30,7 @@ from policies.core.profile import CredentialSlot
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Link, Section
 from policies.core.settings import FIELD_CONTROL, ConfigError
-from policies.profiles import with_body_key
+from policies.profiles import set_param, with_body_key
 
 log = structlog.get_logger("search_proxy.keypool")
 
@@ -208,10 +207,7 @@ class KeyPool:
         """`request` carrying key `index` where the vendor reads its key."""
         slot, key = self.slot, self.keys[index]
         if slot.kind == "query":
-            pairs = [p for p in request.query_string.split("&") if p]
-            kept = [p for p in pairs if unquote_plus(p.partition("=")[0]) != slot.name]
-            kept.append(f"{quote(slot.name, safe='')}={quote(key, safe='')}")
-            return replace(request, query_string="&".join(kept))
+            return replace(request, query_string=set_param(request.query_string, slot.name, key))
         headers = CIMultiDict(request.headers)
         headers[slot.name] = slot.prefix + key
         # One key reaches the vendor: the agent's in a body field it also reads is replaced.

@@ -28,6 +28,7 @@ from policies.profiles.query import (
     extract_query,
     replace_query,
     request_query,
+    set_param,
     with_body_key,
     with_credential,
 )
@@ -71,6 +72,7 @@ __all__ = [
     "render_answer",
     "replace_query",
     "request_query",
+    "set_param",
     "with_body_key",
     "with_credential",
 ]

@@ -81,7 +81,7 @@ def extract_query(
     return None
 
 
-def _replace_pairs(encoded: str, key: str, value: str) -> str:
+def set_param(encoded: str, key: str, value: str) -> str:
     """Set `key` in a urlencoded string, leaving every other pair byte for byte as it was."""
     pairs = encoded.split("&") if encoded else []
     new_pair = f"{quote(key, safe='')}={quote(value, safe='')}"
@@ -128,13 +128,13 @@ def replace_query(
         new_body = json.dumps(data, ensure_ascii=False, separators=(",", ":"))
         return path, query_string, new_body.encode("utf-8")
     if loc.kind == "query":
-        return path, _replace_pairs(query_string, loc.field, new_query), body
+        return path, set_param(query_string, loc.field, new_query), body
     if loc.kind == "form":
         try:
             text = body.decode("utf-8")
         except UnicodeDecodeError:
             raise ValueError("the form body is not UTF-8") from None
-        return path, query_string, _replace_pairs(text, loc.field, new_query).encode("utf-8")
+        return path, query_string, set_param(text, loc.field, new_query).encode("utf-8")
     if not path.startswith(loc.field):
         raise ValueError(f"path {path!r} does not start with {loc.field!r}")
     return loc.field + quote(new_query, safe=""), query_string, body
