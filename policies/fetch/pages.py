@@ -9,6 +9,7 @@ from typing import Literal
 from yarl import URL
 
 from policies.core.extract import PAGE_FORMATS, PageFormat
+from policies.fetch.addresses import DEFAULT_PORTS
 
 __all__ = [
     "MAX_URL_CHARS",
@@ -21,7 +22,6 @@ __all__ = [
 ]
 
 MAX_URL_CHARS = 2048
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,7 +72,7 @@ def check_url(value: object) -> str | None:
         url.port  # noqa: B018  # a port out of range raises only when read
     except ValueError as exc:
         return f"is not a usable URL ({exc})"
-    if url.scheme not in _DEFAULT_PORTS or not url.raw_host:
+    if url.scheme not in DEFAULT_PORTS or not url.raw_host:
         return 'must be an absolute http or https URL, like "https://example.com/page"'
     if url.raw_user is not None or url.raw_password is not None:
         return "must not carry credentials (user:password@): the proxy never sends any"
@@ -88,7 +88,7 @@ def canonical_url(url: str) -> str:
     if ":" in host:
         host = f"[{host}]"
     port = parsed.explicit_port
-    if port is not None and port != _DEFAULT_PORTS.get(parsed.scheme):
+    if port is not None and port != DEFAULT_PORTS.get(parsed.scheme):
         host += f":{port}"
     query = f"?{parsed.raw_query_string}" if parsed.raw_query_string else ""
     return f"{parsed.scheme}://{host.lower()}{parsed.raw_path or '/'}{query}"
