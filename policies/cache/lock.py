@@ -62,6 +62,10 @@ class Poll(NamedTuple):
 class LockStore(Protocol):
     """The part of a cache store that keeps the fetch locks."""
 
+    # Whether it keeps them at all: only a store shared by replicas does (in one process the
+    # policy's in-flight map already makes one fetch per key).
+    keeps_locks: bool
+
     async def poll(self, key: str) -> Poll:
         """One look at the shared tier while another replica fetches `key`."""
         ...
@@ -96,9 +100,9 @@ class FetchLock:
         self._tokens = itertools.count()
 
     def ask(self, deadline: float) -> LockAsk | None:
-        """A request for the lock, to send with a lookup; None when `lock_wait` is 0 or the
-        caller has no time left to use it."""
-        if self.cfg.lock_wait <= 0 or deadline <= self.clock.now():
+        """A request for the lock, to send with a lookup; None when the store keeps no locks,
+        `lock_wait` is 0 or the caller has no time left to use it."""
+        if not self.store.keeps_locks or self.cfg.lock_wait <= 0 or deadline <= self.clock.now():
             return None
         return LockAsk(f"{self._instance}:{next(self._tokens)}", self.cfg.lock_wait)
 

@@ -48,6 +48,8 @@ class CacheStore(LockStore, Protocol):
 class MemoryStore:
     """The in-process tier: an LRU bounded by entry count and by bytes."""
 
+    keeps_locks = False
+
     def __init__(self, retain: float, max_entries: int, max_bytes: int, clock: Clock) -> None:
         self.retain = retain
         self.max_entries = max_entries
@@ -166,6 +168,8 @@ class RedisStore:
     entry and takes the lock, and one stores it and frees the lock, on a cluster too. Redis
     down = a miss."""
 
+    keeps_locks = True
+
     def __init__(self, link: RedisLink, retain: float, clock: Clock) -> None:
         self.link = link
         self.retain = retain
@@ -243,6 +247,8 @@ class RedisStore:
 
 class TieredStore:
     """The in-process LRU in front of Redis: always read and written; Redis when it answers."""
+
+    keeps_locks = True
 
     def __init__(self, local: MemoryStore, shared: RedisStore) -> None:
         self.local = local
