@@ -26,25 +26,20 @@ from proxy.search_api import SearchApi
 from proxy.series import Series
 from proxy.status import Pulse
 
+_NO_SECRETS = EchoGuard(())
+
 
 @dataclass
 class ProxyState:
-    """Everything the handlers share, created at start-up and owned by the app. The fields from
-    `config` to `clients` are the serving generation's, swapped whole by a reload (`use`)."""
+    """Everything the handlers share, created at start-up and owned by the app. The serving
+    generation (routes, router, the APIs, admin, clients, the secrets held) is swapped whole by
+    a reload (`use`); `config` is the start-up one until the first generation serves."""
 
     config: Config
     clock: Clock
     metrics: Metrics
-    routes: dict[str, Route] = field(default_factory=dict)
-    router: Router[Route] | None = None
-    search_api: SearchApi | None = None
-    fetch_api: FetchApi | None = None  # /v1/fetch and the MCP fetch_page tool
-    openapi_json: bytes = b""  # GET /openapi.json: /v1/search's document, and /v1/fetch's
     # The direct fetcher's DNS and connect hooks (None: the system's; tests: fakes).
     direct_hooks: DirectHooks | None = None
-    admin: Admin | None = None
-    clients: ClientGate | None = None  # None: `clients:` not configured, callers not identified
-    echo: EchoGuard = field(default_factory=lambda: EchoGuard(()))  # the secrets held
     generation: Generation | None = None
     mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
     session: aiohttp.ClientSession | None = None
@@ -65,6 +60,42 @@ class ProxyState:
     # request's to it (proxy/budget.py); None: not counted (an app a test serves directly).
     memory: MemoryBudget | None = None
 
+    @property
+    def routes(self) -> dict[str, Route]:
+        return self.generation.routes if self.generation is not None else {}
+
+    @property
+    def router(self) -> Router[Route] | None:
+        return self.generation.router if self.generation is not None else None
+
+    @property
+    def search_api(self) -> SearchApi | None:
+        return self.generation.search_api if self.generation is not None else None
+
+    @property
+    def fetch_api(self) -> FetchApi | None:
+        """/v1/fetch and the MCP fetch_page tool."""
+        return self.generation.fetch_api if self.generation is not None else None
+
+    @property
+    def openapi_json(self) -> bytes:
+        """GET /openapi.json: /v1/search's document, and /v1/fetch's."""
+        return self.generation.openapi_json if self.generation is not None else b""
+
+    @property
+    def admin(self) -> Admin | None:
+        return self.generation.admin if self.generation is not None else None
+
+    @property
+    def clients(self) -> ClientGate | None:
+        """None: `clients:` not configured, callers not identified."""
+        return self.generation.clients if self.generation is not None else None
+
+    @property
+    def echo(self) -> EchoGuard:
+        """The secrets the proxy holds, kept out of what agents receive."""
+        return self.generation.echo if self.generation is not None else _NO_SECRETS
+
     def admin_at(self) -> str:
         """The admin listener's address, as bound or as configured."""
         server = self.config.server
@@ -75,14 +106,6 @@ class ProxyState:
         generation or the new one whole. Requests already running keep the route they hold."""
         self.generation = generation
         self.config = generation.config
-        self.routes = generation.routes
-        self.router = generation.router
-        self.search_api = generation.search_api
-        self.fetch_api = generation.fetch_api
-        self.openapi_json = generation.openapi_json
-        self.admin = generation.admin
-        self.clients = generation.clients
-        self.echo = generation.echo
         if self.mcp is not None:
             self.mcp.use(
                 generation.search_api,
