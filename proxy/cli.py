@@ -54,6 +54,10 @@ from proxy.supervisor import CONFIG_FILE, Fleet, Plan
 EXIT_CONFIG = 2
 
 
+# The collector's generation thresholds once serving (CPython: 700, 10, 10); see bench core.
+GC_THRESHOLDS = (20_000, 20, 20)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="search-proxy",
@@ -230,6 +234,11 @@ async def serve(
     # Everything built so far lives as long as the process: out of the collector's sight, a
     # full collection no longer walks it (the MCP server's pydantic models are many).
     gc.freeze()
+    # The young generation is walked when tracked objects allocated outnumber those freed by the
+    # first threshold. With dozens of requests in flight, each holding a few hundred, CPython's
+    # 700 walked it every few requests for the rare cycle; bench core: plain +7%, miss +8%,
+    # hit +2%, RSS after the load unchanged.
+    gc.set_threshold(*GC_THRESHOLDS)
     bound = runner.addresses[0]
     admin_bound = admin_runner.addresses[0] if admin_runner.server else (admin_host, admin_port)
     app[STATE].agents_address = address(bound[0], bound[1])
