@@ -88,6 +88,13 @@ class SearchGuard(_SearchPolicy):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._failures: OrderedDict[str, tuple[float, Reply]] = OrderedDict()
+        # The statuses a terminal failure can come with: any other answer (every success, a
+        # cache hit) is passed on without its body being read again.
+        self._terminal_statuses = (
+            TERMINAL_STATUSES
+            | self.profile.terminal_statuses
+            | frozenset(self.profile.terminal_body_codes)
+        )
 
     def validate(self, ref: QueryRef | None) -> None:
         """Raise BadRequest, naming the field, for a query no vendor should be asked."""
@@ -123,23 +130,26 @@ class SearchGuard(_SearchPolicy):
         self.validate(request_query(self.profile, flow.request))
         if self.config.loop_guard <= 0:
             return await call_next(flow)
-        key = self._key(flow)
         now = self.clock.now()
-        remembered = self._failures.get(key)
-        if remembered is not None:
-            until, reply = remembered
-            if now < until:
-                headers = CIMultiDict(reply.headers)
-                headers["X-Loop-Guard"] = "replayed"
-                return Reply(reply.status, headers, reply.body)
-            del self._failures[key]
+        if self._failures:  # the key hashes the body: only when there is something to find
+            key = self._key(flow)
+            remembered = self._failures.get(key)
+            if remembered is not None:
+                until, reply = remembered
+                if now < until:
+                    headers = CIMultiDict(reply.headers)
+                    headers["X-Loop-Guard"] = "replayed"
+                    return Reply(reply.status, headers, reply.body)
+                del self._failures[key]
         reply = await call_next(flow)
+        if reply.stream is not None or reply.status not in self._terminal_statuses:
+            return reply
         outcome = self.classify(reply)
         terminal = outcome is Outcome.TERMINAL or (
             outcome is not Outcome.EMPTY and reply.status in TERMINAL_STATUSES
         )
-        if terminal and reply.stream is None:
-            self._failures[key] = (now + self.config.loop_guard, reply)
+        if terminal:
+            self._failures[self._key(flow)] = (now + self.config.loop_guard, reply)
             if len(self._failures) > LOOP_GUARD_ENTRIES:
                 self._failures.popitem(last=False)
         return reply

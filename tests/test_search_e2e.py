@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from urllib.parse import unquote
 
+import pytest
 import structlog
 
 from policies.core.clock import ManualClock
@@ -96,6 +97,41 @@ async def test_loop_guard_replays_a_terminal_failure(vendor, start_proxy):
         "/tavily/search", json={"query": "q"}, headers={"Authorization": "Bearer other"}
     )
     assert other.status == 401 and vendor.count() == 2  # another caller is not replayed
+
+
+@pytest.mark.parametrize(
+    ("name", "fault", "send"),
+    [  # a terminal status of the vendor's own, and a terminal code on a status that is not
+        ("tavily", Fault.status(432), ("POST", "/tavily/search", {"json": {"query": "q"}})),
+        (
+            "linkup",
+            Fault.status(429, error_code="INSUFFICIENT_FUNDS_CREDITS"),
+            ("POST", "/linkup/v1/search", {"json": {"q": "q"}}),
+        ),
+    ],
+)
+async def test_loop_guard_replays_the_vendors_own_terminal_answers(
+    vendor, start_proxy, name, fault, send
+):
+    client = await start_proxy({"routes": {name: provider(vendor.url, name)}})
+    vendor.set_default(fault)
+    method, path, kwargs = send
+    first = await client.request(method, path, **kwargs)
+    assert first.status == fault.code and "X-Loop-Guard" not in first.headers
+    again = await client.request(method, path, **kwargs)
+    assert again.status == fault.code and again.headers["X-Loop-Guard"] == "replayed"
+    assert vendor.count() == 1
+
+
+async def test_loop_guard_leaves_a_passing_failure_alone(vendor, start_proxy):
+    """A 429 without a terminal code is worth sending again later: it is never replayed."""
+    routes = {"linkup": provider(vendor.url, "linkup", retry={"attempts": 1})}
+    client = await start_proxy({"routes": routes})
+    vendor.set_default(Fault.status(429))
+    for _ in range(2):
+        r = await client.post("/linkup/v1/search", json={"q": "q"})
+        assert r.status == 429 and "X-Loop-Guard" not in r.headers
+    assert vendor.count() == 2
 
 
 async def two_vendors(aiohttp_server):
