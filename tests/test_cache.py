@@ -44,6 +44,7 @@ from policies.core.errors import (
 )
 from policies.core.events import NullEvents
 from policies.core.flow import Flow, Reply
+from policies.core.outcome import Outcome
 from policies.core.redislink import RedisLink
 from proxy.config import parse_config
 from proxy.errors import NotFound, Unauthorized
@@ -475,6 +476,17 @@ def test_entry_round_trips_through_bytes() -> None:
     assert Entry.from_bytes(entry.to_bytes()) == entry
     empty = Entry(204, (), b"", 1.0)
     assert Entry.from_bytes(empty.to_bytes()) == empty
+
+
+def test_a_hit_carries_what_the_route_read_in_the_answer_when_stored() -> None:
+    """So the policies above the cache (failover, /v1/search) do not parse the body again; an
+    entry read from Redis carries nothing and is read again, by this replica's profile."""
+    for outcome in (Outcome.OK, Outcome.EMPTY):
+        answer = Reply(200, CIMultiDict({"Content-Type": "application/json"}), BODY)
+        answer.outcome = outcome
+        entry = entry_from_reply(answer, 1.0)
+        assert entry.reply().outcome is outcome
+        assert Entry.from_bytes(entry.to_bytes()).reply().outcome is None
 
 
 @pytest.mark.parametrize("data", [b"", b"\x01abc", b"\x02" + bytes(14), b"\x01" + bytes(10)])

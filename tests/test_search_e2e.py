@@ -182,6 +182,24 @@ async def test_v1_search_falls_back_when_the_first_provider_is_down(aiohttp_serv
     assert (await providers.json())["provider"] == "brave"
 
 
+async def test_v1_search_moves_on_from_a_cached_empty_answer(aiohttp_server, start_proxy):
+    """A hit carries how its answer was read when stored: an empty one is still empty."""
+    first, second, (u1, u2) = await two_vendors(aiohttp_server)
+    first.set_default(Fault.empty())
+    empty_tavily = provider(u1, "tavily", search={"vendor": "tavily", "on_empty": "pass"})
+    empty_tavily["cache"] = {"ttl": "10m"}
+    client = await start_proxy({"routes": {"tavily": empty_tavily, "brave": provider(u2, "brave")}})
+    for _ in range(2):
+        r = await client.post("/v1/search", json={"query": "nothing here yet"})
+        body = await r.json()
+        assert r.status == 200 and body["provider"] == "brave"
+        assert [(a["provider"], a["outcome"]) for a in body["attempts"]] == [
+            ("tavily", "empty"),
+            ("brave", "results"),
+        ]
+    assert first.count() == 1 and second.count() == 2  # the second empty answer was the cache's
+
+
 async def test_v1_search_all_providers_failing_says_what_was_tried(aiohttp_server, start_proxy):
     first, second, (u1, u2) = await two_vendors(aiohttp_server)
     first.down()

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import enum
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import orjson
 from multidict import CIMultiDict
 
 from policies.core.flow import Reply
+from policies.core.outcome import Outcome
 
 # Replayed from the vendor's answer. Everything else (Date, Set-Cookie, framing, hop-by-hop,
 # rate-limit counters, request ids) describes the original exchange, not a later replay.
@@ -29,6 +30,9 @@ class Entry:
     headers: tuple[tuple[str, str], ...]
     body: bytes
     stored_at: float  # wall seconds
+    # What the route read in the answer when it stored it (not in the binary form: an entry from
+    # Redis is read again). A hit carries it, so the policies above the cache do not parse it.
+    outcome: Outcome | None = field(default=None, compare=False)
 
     @property
     def size(self) -> int:
@@ -61,13 +65,13 @@ class Entry:
 
     def reply(self) -> Reply:
         """A new Reply carrying this entry."""
-        return Reply(self.status, CIMultiDict(self.headers), self.body)
+        return Reply(self.status, CIMultiDict(self.headers), self.body, outcome=self.outcome)
 
 
 def entry_from_reply(reply: Reply, stored_at: float) -> Entry:
     """The entry to store for a (non-streamed) reply."""
     headers = tuple((k, v) for k, v in reply.headers.items() if k.lower() in _REPLAYED_HEADERS)
-    return Entry(reply.status, headers, reply.body, stored_at)
+    return Entry(reply.status, headers, reply.body, stored_at, reply.outcome)
 
 
 # Headers that make an answer one client's own: a session it opened (MCP's Mcp-Session-Id, a
