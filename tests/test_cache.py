@@ -1157,17 +1157,22 @@ async def test_a_followers_wait_is_capped_by_its_deadline(
 async def test_a_follower_stops_waiting_when_the_leader_gives_up_without_an_entry(
     links: tuple[RedisLink, RedisLink], raw: Redis
 ) -> None:
+    # The manual clock's polls take no time: the follower spins while the test runs, so how far
+    # its clock gets before the delete is seen depends on the machine. A lock_wait (and deadline)
+    # of 100,000 polls tells stopping at the delete from waiting it out on any machine.
     clock = ManualClock()
-    cache = replica(links[1], clock, cfg=replace(CFG, lock_wait=100.0))
+    cfg = replace(CFG, lock_wait=1000.0)
+    cache = replica(links[1], clock, cfg=cfg)
     lock = f"test:cache-lock:{{{key(QUERY)}}}"
     await raw.set(lock, b"1", px=60_000)
     vendor = Vendor(ok())
-    follower = asyncio.create_task(cache.handle(make_flow(clock), vendor))
+    flow = make_flow(clock, deadline_in=cfg.lock_wait * 2)
+    follower = asyncio.create_task(cache.handle(flow, vendor))
     await eventually(lambda: len(clock.sleeps) >= 2)
     assert vendor.calls == 0
     await raw.delete(lock)
-    await asyncio.wait_for(follower, 1.0)
-    assert vendor.calls == 1 and sum(clock.sleeps) < 1.0
+    await asyncio.wait_for(follower, 30.0)
+    assert vendor.calls == 1 and sum(clock.sleeps) < cfg.lock_wait / 2
 
 
 async def test_a_no_cache_follower_does_not_take_the_entry_it_already_refused(
