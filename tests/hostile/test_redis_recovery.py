@@ -1,8 +1,9 @@
 """A Redis that stalls (SIGSTOP, as `DEBUG SLEEP` or a frozen VM does) and wakes up: it then runs
 every command still in its sockets, long after the callers gave up. Such late commands take no
 fetch lock, no token and no probe slot; a timed-out command is sent once, never resent; fetch
-locks lapse within lock_wait and only their owner deletes them; and after a stall, a burst of
-requests does not wait on locks that nobody holds."""
+locks lapse within lock_wait and only their owner deletes them; a subscription (AUTH included)
+gives up in time and resumes; and after a stall, a burst of requests does not wait on locks that
+nobody holds."""
 
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from redis.asyncio import Redis
 from policies.breaker import RedisBreakerState
 from policies.cache import CacheConfig, FetchLock, Found, LockAsk, LockState, RedisStore
 from policies.core.clock import SYSTEM_CLOCK
-from policies.core.redislink import RedisLink
+from policies.core.redislink import REDIS_FAILURES, RedisLink
 from policies.ratelimit import Grant, RedisBuckets
 from proxy.app import STATE
 from testkit.fakevendor import FakeVendor
@@ -227,3 +228,35 @@ async def test_after_a_redis_stall_a_burst_does_not_wait_on_locks_nobody_holds(
     replies = await asyncio.gather(*(search(b, q) for q in queries))
     assert {r.status for r in replies} == {200}
     assert time.monotonic() - started < 1.0  # nobody waited out a lock_wait of 2 s
+
+
+async def test_a_subscription_to_a_stalled_redis_gives_up_in_time_and_resumes(
+    killable_redis: RedisServer, raw: Redis
+) -> None:
+    """Subscribing reads AUTH's answer on a new connection, and reading waits for news: neither
+    outlasts the link's patience while Redis is frozen, and both work again once it wakes."""
+    await raw.config_set("requirepass", "pw-for-this-test")
+    url = killable_redis.url.replace("redis://", "redis://:pw-for-this-test@")
+    link = RedisLink(url, "rec", timeout=0.1, retry_interval=0.05)
+    news = link.subscription("rec:news")
+    assert killable_redis.proc is not None
+    try:
+        freeze(killable_redis)
+        try:
+            started = time.monotonic()
+            with pytest.raises(REDIS_FAILURES):
+                await asyncio.wait_for(news.get(0.2), 5)
+            assert time.monotonic() - started < link.gives_up_after + 1
+            assert not news.subscribed
+        finally:
+            os.kill(killable_redis.proc.pid, signal.SIGCONT)  # thaw() asks without the password
+        assert await news.get(0.2) is None and news.subscribed
+        publisher = Redis.from_url(url)
+        try:
+            await publisher.publish("rec:news", b"awake")
+        finally:
+            await publisher.aclose()
+        assert await news.get(2) == b"awake"
+    finally:
+        await news.close()
+        await link.close()
