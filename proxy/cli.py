@@ -54,7 +54,7 @@ from proxy.supervisor import CONFIG_FILE, Fleet, Plan
 EXIT_CONFIG = 2
 
 
-# The collector's generation thresholds once serving (CPython: 700, 10, 10); see bench core.
+# The collector's generation thresholds once serving (CPython's: 700, 10, 10); see serve().
 GC_THRESHOLDS = (20_000, 20, 20)
 
 
@@ -236,8 +236,8 @@ async def serve(
     gc.freeze()
     # The young generation is walked when tracked objects allocated outnumber those freed by the
     # first threshold. With dozens of requests in flight, each holding a few hundred, CPython's
-    # 700 walked it every few requests for the rare cycle; bench core: plain +7%, miss +8%,
-    # hit +2%, RSS after the load unchanged.
+    # 700 walked it every few requests for the rare cycle. A/B under bench core's load: plain
+    # +7%, miss +8%, hit +2%; `make bench core`'s RSS after the load unchanged.
     gc.set_threshold(*GC_THRESHOLDS)
     bound = runner.addresses[0]
     admin_bound = admin_runner.addresses[0] if admin_runner.server else (admin_host, admin_port)
