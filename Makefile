@@ -41,7 +41,7 @@ lint: $(TEST_STAMP)
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/lint-imports
+	PYTHONPATH=$(VENV)/lint $(BIN)/python -c 'import sys; from importlinter.cli import lint_imports_command as c; sys.exit(c())'
 
 format: $(TEST_STAMP)
 	$(BIN)/ruff check --fix .
@@ -79,6 +79,10 @@ $(TEST_STAMP): pyproject.toml | $(BIN)/python
 	@# The mcp SDK's 2.x line, on its own path: tests/test_mcp2_client.py runs an agent on it
 	@# (the project pins mcp<2).
 	$(BIN)/pip install -q --no-warn-conflicts --upgrade --target $(VENV)/mcp2 'mcp>=2,<3'
+	@# import-linter (make lint: policies/ never imports proxy/) on its own path too: it brings
+	@# rich, which structlog imports whenever it is installed, and every proxy started from this
+	@# venv (make run, the suite, make bench) then held 8 MB that the image's proxy does not.
+	$(BIN)/pip install -q --no-warn-conflicts --upgrade --target $(VENV)/lint 'import-linter>=2.16'
 	@rm -f $(VENV)/.test-* $(VENV)/.run-*
 	@touch $@ $(RUN_STAMP)
 
