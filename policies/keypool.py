@@ -36,7 +36,6 @@ log = structlog.get_logger("search_proxy.keypool")
 
 # Why a key is benched, as metrics label it and Benched records it.
 RATE_LIMITED, EXHAUSTED = "rate_limited", "exhausted"
-# A key out of credits (or revoked) without a reset hint, on a route without `fallback`.
 # Not a key but the caller's fault or the vendor's whim: bad keys and unpaid plans only.
 _REFUSED_KEY = frozenset({401, 402})
 # A key freed later than this before the request's deadline would only buy a timeout.

@@ -181,7 +181,7 @@ class ClientConnection(RequestHandler):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
-        next_head = False
+        next_head: float | None = None  # when the next request on this connection began
         if data and self.transport is not None:
             if self._head_timer is not None:
                 self._head_started = True
@@ -189,8 +189,8 @@ class ClientConnection(RequestHandler):
                 # The first bytes of the next request on a kept-alive connection: its head has
                 # header_timeout, the whole of it request_timeout, from now (the head's timer
                 # only if it is not whole in these bytes, as it usually is).
-                next_head = True
-                self._request_deadline = self._loop.time() + self._guard.limits.request_timeout
+                next_head = self._loop.time()
+                self._request_deadline = next_head + self._guard.limits.request_timeout
             elif self._body is not None:
                 self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
         heads = self._request_count
@@ -203,12 +203,8 @@ class ClientConnection(RequestHandler):
             self._head_started = False
             if self._messages and not self._messages[-1][1].is_eof():
                 self._watch_body(self._messages[-1][1])
-        elif next_head:
-            limits = self._guard.limits
-            due = min(limits.header_timeout, limits.request_timeout)
-            self._head_timer = self._loop.call_at(
-                self._request_deadline - limits.request_timeout + due, self._head_late
-            )
+        elif next_head is not None:
+            self._arm_head_timer(next_head)
             self._head_started = True  # not complete yet
 
     def _between_requests(self) -> bool:
@@ -224,10 +220,15 @@ class ClientConnection(RequestHandler):
     def _start_head(self) -> None:
         """A request begins (a new connection, or the first byte of the next request): its
         head has header_timeout and the whole request request_timeout, from now."""
+        began = self._loop.time()
+        self._request_deadline = began + self._guard.limits.request_timeout
+        self._arm_head_timer(began)
+
+    def _arm_head_timer(self, began: float) -> None:
+        """The head's timer, for a request that began at `began` (loop time)."""
         limits = self._guard.limits
-        self._request_deadline = self._loop.time() + limits.request_timeout
         due = min(limits.header_timeout, limits.request_timeout)
-        self._head_timer = self._loop.call_later(due, self._head_late)
+        self._head_timer = self._loop.call_at(began + due, self._head_late)
 
     def _head_late(self) -> None:
         self._head_timer = None
