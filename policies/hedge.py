@@ -19,6 +19,7 @@ from typing import Any, Literal
 
 from policies.backoff import RetryBudget
 from policies.core.clock import Clock
+from policies.core.clock import timer as clock_timer
 from policies.core.errors import ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events
 from policies.core.flow import Classifier, Flow, Handler, Reply, Trace, status_outcome
@@ -174,7 +175,7 @@ class _Race:
                 running = {a.task for a in self.attempts if not a.task.done()}
                 if self.hedging and self.sent < p.config.max_extra:
                     due = started + (self.sent + 1) * after
-                    timer = asyncio.ensure_future(p.clock.sleep(due - p.clock.now()))
+                    timer = clock_timer(p.clock, due - p.clock.now())
                 done, _ = await asyncio.wait(
                     running if timer is None else running | {timer},
                     return_when=asyncio.FIRST_COMPLETED,

@@ -59,3 +59,24 @@ class ManualClock:
 
 
 SYSTEM_CLOCK = SystemClock()
+
+
+def timer(clock: Clock, seconds: float) -> asyncio.Future[None]:
+    """A future that is done `seconds` from now, to race against other work (`asyncio.wait`).
+    On the system clock it is a loop timer, no task: a race that its work wins (the common
+    case) cancels it without waking the loop again. Any other clock sleeps in a task."""
+    if type(clock) is not SystemClock:
+        return asyncio.ensure_future(clock.sleep(seconds))
+    loop = asyncio.get_running_loop()
+    done = loop.create_future()
+    if seconds <= 0:
+        done.set_result(None)
+        return done
+    handle = loop.call_later(seconds, _set_done, done)
+    done.add_done_callback(lambda _: handle.cancel())
+    return done
+
+
+def _set_done(done: asyncio.Future[None]) -> None:
+    if not done.done():
+        done.set_result(None)
