@@ -19,7 +19,6 @@ from typing import Any, Literal
 
 from policies.backoff import RetryBudget
 from policies.core.clock import Clock
-from policies.core.clock import timer as clock_timer
 from policies.core.errors import ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events
 from policies.core.flow import Classifier, Flow, Handler, Reply, Trace, status_outcome
@@ -175,7 +174,7 @@ class _Race:
                 running = {a.task for a in self.attempts if not a.task.done()}
                 if self.hedging and self.sent < p.config.max_extra:
                     due = started + (self.sent + 1) * after
-                    timer = clock_timer(p.clock, due - p.clock.now())
+                    timer = p.clock.timer(due - p.clock.now())
                 done, _ = await asyncio.wait(
                     running if timer is None else running | {timer},
                     return_when=asyncio.FIRST_COMPLETED,

@@ -13,7 +13,6 @@ from multidict import CIMultiDict
 
 from policies.backoff import RetryBudget
 from policies.core.clock import SYSTEM_CLOCK, ManualClock
-from policies.core.clock import timer as clock_timer
 from policies.core.errors import UpstreamTimeout
 from policies.core.events import NullEvents
 from policies.core.flow import Flow, Handler, Reply, compose
@@ -618,24 +617,24 @@ async def test_a_race_timer_on_the_system_clock_is_a_loop_timer_not_a_task() -> 
     """The hedge's timer: the work usually wins, and a cancelled timer must not wake the loop."""
     loop = asyncio.get_running_loop()
     tasks_before = len(asyncio.all_tasks())
-    due = clock_timer(SYSTEM_CLOCK, 0.001)
+    due = SYSTEM_CLOCK.timer(0.001)
     assert not isinstance(due, asyncio.Task) and not due.done()
     assert len(asyncio.all_tasks()) == tasks_before
     await asyncio.wait_for(due, 5)  # the loop timer fires
-    assert clock_timer(SYSTEM_CLOCK, 0).done()  # nothing to wait for
+    assert SYSTEM_CLOCK.timer(0).done()  # nothing to wait for
 
     def far() -> list[asyncio.TimerHandle]:  # the loop's pending timers an hour out
         handles = loop._scheduled  # type: ignore[attr-defined]
         return [h for h in handles if not h.cancelled() and h.when() > loop.time() + 3000]
 
-    late = clock_timer(SYSTEM_CLOCK, 3600)
+    late = SYSTEM_CLOCK.timer(3600)
     assert len(far()) == 1
     late.cancel()
     await asyncio.sleep(0)  # the future's done callbacks run
     assert far() == []
 
 
-async def test_a_race_timer_on_any_other_clock_sleeps_on_that_clock() -> None:
+async def test_a_race_timer_on_a_manual_clock_is_its_sleep() -> None:
     clock = ManualClock()
-    await clock_timer(clock, 2.5)
+    await clock.timer(2.5)
     assert clock.sleeps == [2.5]

@@ -159,7 +159,7 @@ class Admission:
         """Wait up to `seconds` on our clock, or until the circuit changes."""
         started = self._clock.now()
         change = self._waiters.next()
-        sleep = asyncio.ensure_future(self._clock.sleep(seconds))
+        sleep = self._clock.timer(seconds)
         try:
             await asyncio.wait((sleep, change), return_when=asyncio.FIRST_COMPLETED)
         finally:

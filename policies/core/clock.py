@@ -8,7 +8,7 @@ from typing import Protocol
 
 
 class Clock(Protocol):
-    """What a policy needs of time: a monotonic reading, a wall-clock reading and a sleep."""
+    """What a policy needs of time: a monotonic and a wall-clock reading, a sleep and a timer."""
 
     def now(self) -> float:
         """Monotonic seconds; only differences mean anything."""
@@ -19,6 +19,11 @@ class Clock(Protocol):
         ...
 
     async def sleep(self, seconds: float) -> None: ...
+
+    def timer(self, seconds: float) -> asyncio.Future[None]:
+        """A future done `seconds` from now, to race against other work (`asyncio.wait`);
+        cancelled by whoever no longer waits for it."""
+        ...
 
 
 class SystemClock:
@@ -34,9 +39,22 @@ class SystemClock:
         if seconds > 0:
             await asyncio.sleep(seconds)
 
+    def timer(self, seconds: float) -> asyncio.Future[None]:
+        # A loop timer, no task: a race its work wins (the common case) cancels it without
+        # waking the loop again.
+        loop = asyncio.get_running_loop()
+        done = loop.create_future()
+        if seconds <= 0:
+            done.set_result(None)
+            return done
+        handle = loop.call_later(seconds, _set_done, done)
+        done.add_done_callback(lambda _: handle.cancel())
+        return done
+
 
 class ManualClock:
-    """A clock that only moves when told to; `sleep` advances it at once and records the wait."""
+    """A clock that only moves when told to; `sleep` advances it at once and records the wait, and
+    a timer is that sleep in a task."""
 
     def __init__(self, start: float = 1000.0, wall_start: float = 1_700_000_000.0) -> None:
         self._now = start
@@ -57,26 +75,13 @@ class ManualClock:
         self._now += max(0.0, seconds)
         await asyncio.sleep(0)
 
-
-SYSTEM_CLOCK = SystemClock()
-
-
-def timer(clock: Clock, seconds: float) -> asyncio.Future[None]:
-    """A future that is done `seconds` from now, to race against other work (`asyncio.wait`).
-    On the system clock it is a loop timer, no task: a race that its work wins (the common
-    case) cancels it without waking the loop again. Any other clock sleeps in a task."""
-    if type(clock) is not SystemClock:
-        return asyncio.ensure_future(clock.sleep(seconds))
-    loop = asyncio.get_running_loop()
-    done = loop.create_future()
-    if seconds <= 0:
-        done.set_result(None)
-        return done
-    handle = loop.call_later(seconds, _set_done, done)
-    done.add_done_callback(lambda _: handle.cancel())
-    return done
+    def timer(self, seconds: float) -> asyncio.Future[None]:
+        return asyncio.ensure_future(self.sleep(seconds))
 
 
 def _set_done(done: asyncio.Future[None]) -> None:
     if not done.done():
         done.set_result(None)
+
+
+SYSTEM_CLOCK = SystemClock()
