@@ -13,7 +13,6 @@ import hashlib
 import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
-import aiohttp
 import structlog
 from aiohttp import web
 from aiohttp.typedefs import Handler
@@ -41,6 +40,7 @@ from proxy.keys import one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics
 from proxy.oauth import is_oauth_path, oauth_answer
+from proxy.outbound import VendorPool
 from proxy.reload import RELOADER, Reloader, reload_endpoint
 from proxy.search_api import SearchTrace
 from proxy.series import Series
@@ -194,7 +194,7 @@ async def readyz(request: web.Request) -> web.Response:
     """Readiness: routes are loaded and, when Redis is configured, it answers."""
     state = request.app[STATE]
     body: dict[str, object] = {"routes": sorted(state.routes)}
-    ready = bool(state.routes) and state.session is not None
+    ready = bool(state.routes) and state.vendors is not None
     if state.redis is not None:
         redis_ok = await state.redis.ping()
         body["redis"] = "up" if redis_ok else "down"
@@ -392,20 +392,12 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     background tasks), the status sampler and the config watch."""
     state = app[STATE]
     server = state.config.server
-    connector = aiohttp.TCPConnector(
-        limit=server.upstream_connections,
-        limit_per_host=server.upstream_connections_per_host,
-        keepalive_timeout=server.keepalive_timeout,
-        ttl_dns_cache=300,
-    )
-    state.session = aiohttp.ClientSession(
-        connector=connector,
-        auto_decompress=True,
-        timeout=aiohttp.ClientTimeout(total=None),
-        # One session serves every agent: a vendor's cookie for one must never reach another.
-        cookie_jar=aiohttp.DummyCookieJar(),
-        skip_auto_headers=("User-Agent",),
-        read_bufsize=16 * 1024,
+    # No cookie jar, no User-Agent of ours: a vendor's cookie for one agent never reaches
+    # another, and the agent's own User-Agent goes through.
+    state.vendors = VendorPool(
+        server.upstream_connections,
+        server.upstream_connections_per_host,
+        server.keepalive_timeout,
     )
     metrics = state.metrics
     metrics.redis_is_configured(state.config.redis is not None)
@@ -421,7 +413,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     }
     generation = build_generation(
         state.config,
-        state.session,
+        state.vendors,
         state.clock,
         metrics,
         state.redis,
@@ -443,7 +435,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         await asyncio.gather(*tasks, return_exceptions=True)
         if state.generation is not None:
             await state.generation.release(None)
-        await state.session.close()
+        state.vendors.close()
         if state.redis is not None:
             await state.redis.close()
 

@@ -1,4 +1,5 @@
-"""Forwarding one attempt to a route's upstream over the process's pooled ClientSession.
+"""Forwarding one attempt to a route's upstream over the process's pooled connections
+(proxy/outbound.py).
 
 The upstream URL is built from the route's configured scheme, host and port, never from the
 request, so nothing a caller sends can steer a request to another host. Every way the exchange
@@ -16,7 +17,7 @@ from dataclasses import replace
 import aiohttp
 import structlog
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
-from multidict import CIMultiDict, CIMultiDictProxy
+from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
 from yarl import URL
 
 from policies import faults
@@ -43,14 +44,15 @@ from policies.core.route import HOP_BY_HOP, PROXY_OWNED
 from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
 from proxy.logs import LEVEL
-from proxy.pool import PoolFull, Slot, pool_slots
+from proxy.outbound import Answer, ConnectFailed, Origin, VendorPool, request_head
+from proxy.pool import PoolFull, Slot
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
 log = structlog.get_logger("search_proxy")
 
-# Never copied from the agent: aiohttp derives Host from the URL and frames the body itself,
-# and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
+# Never copied from the agent: the proxy writes Host from the route's upstream and frames the
+# body itself, and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
 _REQUEST_DROP = PROXY_OWNED
 # Never sent to a vendor, on any route: the agent's request for an injected fault
 # (policies/faults.py reads it in the chain; a route without fault injection ignores it).
@@ -63,7 +65,7 @@ RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
 
 
-def _connection_listed(headers: CIMultiDictProxy[str]) -> set[str]:
+def _connection_listed(headers: MultiMapping[str]) -> set[str]:
     """Header names the sender declared hop-by-hop in its Connection header."""
     listed: set[str] = set()
     for value in headers.getall("Connection", ()):
@@ -95,7 +97,7 @@ def request_headers(
     return out
 
 
-def response_headers(upstream: CIMultiDictProxy[str]) -> CIMultiDict[str]:
+def response_headers(upstream: MultiMapping[str]) -> CIMultiDict[str]:
     """The vendor's headers less hop-by-hop, the framing aiohttp's decoding invalidated, and
     any with a control character (aiohttp reads them, but refuses to write them on)."""
     drop = _RESPONSE_DROP | _connection_listed(upstream)
@@ -109,7 +111,7 @@ def _clean(text: str) -> bool:
     return text.isprintable() or not _CONTROL.search(text)
 
 
-def is_stream(resp: aiohttp.ClientResponse) -> bool:
+def is_stream(resp: Answer) -> bool:
     """Stream event streams, and chunked bodies that are not JSON; buffer everything else.
 
     JSON answers are read whole so the cache and search recovery can inspect them.
@@ -141,35 +143,35 @@ class Upstream:
     def __init__(
         self,
         route: RouteConfig,
-        session: aiohttp.ClientSession,
+        vendors: VendorPool,
         clock: Clock,
         observe: Callable[[float], None] | None = None,
     ) -> None:
         base = URL(route.upstream)
         self.observe = observe
         self.route = route.name
-        self.session = session
+        self.vendors = vendors
         self.clock = clock
         if base.host is None:
             raise ValueError(f"{route.name}: upstream {route.upstream!r} has no host")
         self.scheme, self.host, self.port = base.scheme, base.host, base.explicit_port
+        self.origin = Origin.of(base.scheme, base.raw_host or base.host, base.port)
         self.base_path = base.raw_path.rstrip("/")
         self.per_try = route.timeouts.per_try
         self.total = route.timeouts.total
         self.connect = route.timeouts.connect
-        # No sock_read: an attempt's budget bounds the headers and a buffered body, and a
+        # No read timeout: an attempt's budget bounds the headers and a buffered body, and a
         # stream's gaps and age have limits of their own (timeouts.idle, timeouts.stream).
-        self.client_timeout = aiohttp.ClientTimeout(total=None, connect=self.connect)
         self.idle = route.timeouts.idle
         self.stream_limit = route.timeouts.stream
         self.max_bytes = route.max_response_bytes
-        self.slots = pool_slots(session)
+        self.slots = vendors.slots
         self.prefix = (route.prefix, route.strip_prefix)  # where Location points for the agent
         # An MCP client may not follow a redirect (or only within its origin): an MCP route
         # follows the upstream's own 307/308 itself.
         self.follow = route.has("mcp")
-        # aiohttp's pool key: routes to one origin share its per-host limit.
-        self.pool_key = (base.host, base.port or 0, base.scheme == "https")
+        # Routes to one origin share its connections and its per-host limit.
+        self.pool_key = self.origin
 
     def url(self, flow: Flow) -> URL:
         """The upstream URL for a flow: the route's origin, base path and the confined path."""
@@ -239,10 +241,8 @@ class Upstream:
             )
         return budget
 
-    async def _slot(self, flow: Flow, budget: float) -> Slot | None:
+    async def _slot(self, flow: Flow, budget: float) -> Slot:
         """Wait for room in the connection pool, at most the connect timeout."""
-        if self.slots is None:
-            return None
         wait = min(self.connect, budget)
         started = self.clock.now()
         try:
@@ -264,25 +264,33 @@ class Upstream:
         finally:
             flow.trace.waited_seconds += self.clock.now() - started
 
+    def target(self, flow: Flow) -> str:
+        """The request target sent upstream: the route's base path, the confined path, the
+        query (all as the agent encoded them)."""
+        request = flow.request
+        path = self.base_path + request.path or "/"
+        return f"{path}?{request.query_string}" if request.query_string else path
+
     async def _exchange(self, flow: Flow, budget: float, slot: Slot | None) -> Reply:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
         request = flow.request
-        timeout = self.client_timeout
-        resp: aiohttp.ClientResponse | None = None
+        resp: Answer | None = None
         try:
             async with asyncio.timeout(budget):
                 outbound = request.headers
                 if _NEVER_SENT in outbound:
                     outbound = outbound.copy()
                     outbound.popall(_NEVER_SENT)
-                resp = await self.session.request(
+                head = request_head(
                     request.method,
-                    self.url(flow),
-                    headers=outbound,
-                    data=request.body or None,
-                    timeout=timeout,
-                    allow_redirects=False,
+                    self.target(flow),
+                    self.origin,
+                    outbound.items(),
+                    len(request.body),
+                )
+                resp = await self.vendors.send(
+                    self.origin, request.method, head, request.body, self.connect
                 )
                 headers = response_headers(resp.headers)
                 declared = resp.content_length if request.method != "HEAD" else None
@@ -310,45 +318,16 @@ class Upstream:
             if resp is not None:
                 resp.close()
             raise
-        except aiohttp.ConnectionTimeoutError:
-            raise self._no_connection(
-                flow,
-                f"cannot connect to the upstream within {seconds_text(self.connect)} "
-                f"{flow.attempt_text}; try again shortly or use another provider",
-                f"no connection within {seconds_text(self.connect)}",
-            ) from None
+        except ConnectFailed as failed:
+            raise self._connect_failed(flow, failed) from None
         except TimeoutError:
             if resp is not None:
                 resp.close()
             raise self._timeout(flow, budget) from None
-        except aiohttp.ClientConnectorDNSError as exc:
-            raise self._no_connection(
-                flow,
-                f"the upstream's host name does not resolve ({_os_reason(exc.os_error)});"
-                " this is the proxy's DNS or its route config, not a passing fault: retrying"
-                " will not help; check the route's upstream and the proxy's DNS, or use another"
-                " provider",
-                "host name does not resolve",
-                transient=False,
-            ) from None
-        except (aiohttp.ClientConnectorCertificateError, aiohttp.ClientConnectorSSLError) as exc:
-            raise self._no_connection(
-                flow,
-                f"the TLS handshake with the upstream failed ({type(exc).__name__});"
-                " retrying will not help; check the route's upstream scheme and port and the"
-                " proxy's CA certificates, or use another provider",
-                "TLS handshake failed",
-                transient=False,
-            ) from None
-        except aiohttp.ClientConnectorError as exc:
-            raise UpstreamUnreachable(
-                f"{self.route}: cannot connect to the upstream ({_os_reason(exc.os_error)}) "
-                f"{flow.attempt_text}; try again shortly or use another provider",
-                route=self.route,
-                attempts=flow.attempt,
-                outcome=Outcome.CONNECT_ERROR,
-            ) from None
-        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+        except HttpProcessingError as exc:
+            # The answer's head is not valid HTTP (status line, headers, framing).
+            raise self._broken(flow, exc) from None
+        except aiohttp.ClientPayloadError as exc:
             # Broken framing, headers or encoding (bad status line, chunk size, gzip ...), or a
             # body cut short of its declared length.
             if resp is not None:
@@ -372,9 +351,44 @@ class Upstream:
             if self.observe is not None:
                 self.observe(elapsed)
 
-    async def _read(
-        self, flow: Flow, resp: aiohttp.ClientResponse, hold: Hold | None, held: int
-    ) -> bytes:
+    def _connect_failed(self, flow: Flow, failed: ConnectFailed) -> UpstreamUnreachable:
+        """The error for a connection that could not be made, by why."""
+        if failed.kind == "timeout":
+            return self._no_connection(
+                flow,
+                f"cannot connect to the upstream within {seconds_text(self.connect)} "
+                f"{flow.attempt_text}; try again shortly or use another provider",
+                f"no connection within {seconds_text(self.connect)}",
+            )
+        if failed.kind == "dns":
+            return self._no_connection(
+                flow,
+                f"the upstream's host name does not resolve ({_os_reason(failed.os_error)});"
+                " this is the proxy's DNS or its route config, not a passing fault: retrying"
+                " will not help; check the route's upstream and the proxy's DNS, or use another"
+                " provider",
+                "host name does not resolve",
+                transient=False,
+            )
+        if failed.kind in ("tls_certificate", "tls"):
+            what = "certificate not trusted" if failed.kind == "tls_certificate" else "TLS error"
+            return self._no_connection(
+                flow,
+                f"the TLS handshake with the upstream failed ({what});"
+                " retrying will not help; check the route's upstream scheme and port and the"
+                " proxy's CA certificates, or use another provider",
+                "TLS handshake failed",
+                transient=False,
+            )
+        return UpstreamUnreachable(
+            f"{self.route}: cannot connect to the upstream ({_os_reason(failed.os_error)}) "
+            f"{flow.attempt_text}; try again shortly or use another provider",
+            route=self.route,
+            attempts=flow.attempt,
+            outcome=Outcome.CONNECT_ERROR,
+        )
+
+    async def _read(self, flow: Flow, resp: Answer, hold: Hold | None, held: int) -> bytes:
         """The whole (decoded) body, read chunk by chunk and never past `max_bytes` nor past
         the memory budget (`hold`, of which `held` bytes are taken for it already).
 
@@ -383,9 +397,7 @@ class Upstream:
         """
         if resp.content_length is not None and "Content-Encoding" not in resp.headers:
             # Its declared length, checked against the limit already, is all there is to read.
-            body_read = await resp.read()
-            resp.release()
-            return body_read
+            return await resp.read()
         body = bytearray()
         try:
             async for chunk in resp.content.iter_any():
@@ -412,7 +424,7 @@ class Upstream:
     def _streamed(
         self,
         flow: Flow,
-        resp: aiohttp.ClientResponse,
+        resp: Answer,
         headers: CIMultiDict[str],
         slot: Slot | None,
     ) -> Reply:
@@ -427,7 +439,7 @@ class Upstream:
         return Reply(resp.status, headers, stream=relay, release=release)
 
     async def _relay(
-        self, flow: Flow, resp: aiohttp.ClientResponse, slot: Slot, started: float
+        self, flow: Flow, resp: Answer, slot: Slot, started: float
     ) -> AsyncIterator[bytes]:
         """The upstream body as it arrives, from `started` (the clock's time at its headers).
 
@@ -456,7 +468,7 @@ class Upstream:
                 if sent > self.max_bytes:
                     raise StreamCut(self._too_large(flow))
                 yield chunk
-        except (aiohttp.ClientResponseError, aiohttp.ClientPayloadError) as exc:
+        except (HttpProcessingError, aiohttp.ClientPayloadError) as exc:
             raise StreamCut(self._broken(flow, exc)) from None
         except aiohttp.ClientError as exc:
             raise StreamCut(
@@ -473,10 +485,12 @@ class Upstream:
             resp.close()  # a no-op for a body read to its end: the connection is back already
             slot.release()
 
-    def _broken(self, flow: Flow, exc: aiohttp.ClientError) -> AttemptFailed:
+    def _broken(
+        self, flow: Flow, exc: HttpProcessingError | aiohttp.ClientPayloadError
+    ) -> AttemptFailed:
         """The error for a response that is not valid HTTP, or a body cut short."""
         cause = exc.__cause__
-        if isinstance(exc, aiohttp.ClientResponseError):
+        if isinstance(exc, HttpProcessingError):
             detail = exc.message
         elif isinstance(cause, HttpProcessingError):
             detail = cause.message
@@ -563,9 +577,11 @@ class Upstream:
         )
 
 
-def _os_reason(error: OSError) -> str:
+def _os_reason(error: OSError | None) -> str:
     """An OS error in words without the address it names ("Connection refused", never asyncio's
     "Connect call failed ('10.0.3.7', 8080)"): agents read it, and the route's name is enough."""
+    if error is None:
+        return "no address answered"
     if error.errno is not None and error.errno > 0:  # resolver errors count below 0
         return os.strerror(error.errno)
     return error.strerror or type(error).__name__

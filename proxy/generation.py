@@ -9,7 +9,6 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-import aiohttp
 import orjson
 import structlog
 
@@ -26,6 +25,7 @@ from proxy.direct import DirectHooks, DirectReader
 from proxy.echo import EchoGuard, held_secrets
 from proxy.fetch_api import FetchApi
 from proxy.metrics import Metrics
+from proxy.outbound import VendorPool
 from proxy.pipeline import Deps, Route, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
@@ -77,7 +77,7 @@ class Generation:
 
 def build_generation(
     config: Config,
-    session: aiohttp.ClientSession,
+    vendors: VendorPool,
     clock: Clock,
     metrics: Metrics,
     redis: RedisLink | None,
@@ -90,7 +90,7 @@ def build_generation(
     stateful parts made from unchanged settings. Nothing is started (`Generation.start`)."""
     deps = Deps(
         config,
-        session,
+        vendors,
         clock,
         metrics,
         redis,

@@ -1,6 +1,7 @@
-"""The private parts of aiohttp that proxy/guard.py builds every connection limit on, checked
-at start-up: an aiohttp that moved one would leave the limits silently off, so the proxy
-refuses to start and names what is missing instead of serving unguarded."""
+"""The private parts of aiohttp that proxy/guard.py builds every connection limit on, and that
+proxy/outbound.py reads upstream answers with, checked at start-up: an aiohttp that moved one
+would leave the limits silently off or every vendor call failing, so the proxy refuses to start
+and names what is missing instead."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from types import ModuleType
 from typing import Any
 
 import aiohttp
-from aiohttp import web, web_protocol, web_runner
+from aiohttp import client_proto, web, web_protocol, web_runner
 
 # Names of the per-connection protocol (RequestHandler and its BaseProtocol): slots read and
 # written by ClientConnection, and the methods it overrides or calls.
@@ -35,6 +36,8 @@ HANDLER_NAMES = (
 SERVER_NAMES = ("_kwargs", "request_handler", "request_factory", "handler_cancellation")
 RUNNER_NAMES = ("_make_server",)
 MODULE_NAMES = ("ERROR",)  # aiohttp.web_protocol.ERROR: its stand-in for an unparsed request
+# What proxy/outbound.py calls on aiohttp's client protocol (ResponseHandler) for each request.
+RESPONSE_NAMES = ("set_response_params", "read", "should_close", "is_connected", "close")
 
 
 def _server_attributes(server: type[Any]) -> set[str]:
@@ -56,23 +59,28 @@ def missing_internals(
     server: type[Any] = web.Server,
     runner: type[Any] = web_runner.AppRunner,
     module: ModuleType = web_protocol,
+    response: type[Any] = client_proto.ResponseHandler,
 ) -> list[str]:
-    """The private names guard.py relies on that this aiohttp lacks (empty: all there)."""
+    """The private names guard.py and outbound.py rely on that this aiohttp lacks (empty: all
+    there)."""
     missing = [f"{handler.__name__}.{n}" for n in HANDLER_NAMES if not hasattr(handler, n)]
     has = _server_attributes(server)
     missing += [f"{server.__name__}.{n}" for n in SERVER_NAMES if n not in has]
     missing += [f"{runner.__name__}.{n}" for n in RUNNER_NAMES if not hasattr(runner, n)]
     missing += [f"{module.__name__}.{n}" for n in MODULE_NAMES if not hasattr(module, n)]
+    missing += [f"{response.__name__}.{n}" for n in RESPONSE_NAMES if not hasattr(response, n)]
     return missing
 
 
 def internals_problem() -> str | None:
-    """Why this aiohttp cannot serve with the proxy's connection limits, or None."""
+    """Why this aiohttp cannot serve with the proxy's connection limits and its upstream
+    connections, or None."""
     missing = missing_internals()
     if not missing:
         return None
     return (
-        f"aiohttp {aiohttp.__version__} lacks what proxy/guard.py's connection limits rely on "
+        f"aiohttp {aiohttp.__version__} lacks what proxy/guard.py's connection limits and "
+        "proxy/outbound.py's upstream connections rely on "
         f"({', '.join(missing)}); refusing to serve without them: install the aiohttp version "
         "pyproject.toml pins (pip install 'aiohttp>=3.14,<3.15')"
     )

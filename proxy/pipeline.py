@@ -13,7 +13,6 @@ from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlencode
 
-import aiohttp
 from multidict import CIMultiDict
 
 from policies import mcp
@@ -34,6 +33,7 @@ from proxy.config import Config
 from proxy.forward import Upstream
 from proxy.keys import injected_key
 from proxy.metrics import Metrics, RouteMetrics
+from proxy.outbound import VendorPool
 
 
 @dataclass
@@ -67,7 +67,7 @@ class Deps:
     """What routes are built from, besides their own config."""
 
     config: Config
-    session: aiohttp.ClientSession
+    vendors: VendorPool
     clock: Clock
     metrics: Metrics
     redis: RedisLink | None
@@ -128,7 +128,7 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
     """One attempt of `timeouts.per_try` through the route's own upstream, with the built
     route's outbound headers (its credentials from the environment, empty ones left out); it
     returns the vendor's status, or raises the errors a request's attempt would."""
-    upstream = Upstream(cfg, deps.session, deps.clock)
+    upstream = Upstream(cfg, deps.vendors, deps.clock)
     numbers = itertools.count(1)
 
     async def send(method: str, target: str, body: bytes) -> int:
@@ -180,7 +180,7 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
     )
     policies = build_chain(build)
     metrics = deps.metrics.route(cfg.name)
-    upstream = Upstream(cfg, deps.session, deps.clock, observe=metrics.upstream_duration.observe)
+    upstream = Upstream(cfg, deps.vendors, deps.clock, observe=metrics.upstream_duration.observe)
     handler: Handler = compose(policies, upstream)
     profile = read.profile
     mcp_cfg = cfg.get(mcp.SECTION)

@@ -5,9 +5,7 @@ and reported on its own (`UpstreamPoolExhausted`), not counted as a slow connect
 from __future__ import annotations
 
 import asyncio
-import weakref
-
-import aiohttp
+from collections.abc import Hashable
 
 
 class Slot:
@@ -40,21 +38,19 @@ class PoolFull(Exception):
 
 
 class PoolSlots:
-    """Our own queue in front of a connector's pool, with the same limits (per host, in all).
-
-    aiohttp counts the wait for a free pooled connection in its connect timeout, so pool
-    exhaustion looked like a slow vendor. Waiting here first, for as many slots as aiohttp has
-    connections, makes the pool wait ours: timed and reported on its own (`UpstreamPoolExhausted`)
-    while aiohttp's own wait stays empty.
-    """
+    """How many upstream connections may be busy at once, per host and in all
+    (server.upstream_connections_per_host, server.upstream_connections): a request holds a
+    slot of each from before its connection is taken until its answer is released, so the
+    wait for a busy pool is timed and reported on its own (`UpstreamPoolExhausted`), never
+    counted as a slow connect."""
 
     def __init__(self, limit: int, per_host: int) -> None:
         self.limit = limit
         self.per_host = per_host
         self._total = asyncio.Semaphore(limit) if limit else None
-        self._hosts: dict[tuple[str, int, bool], asyncio.Semaphore] = {}
+        self._hosts: dict[Hashable, asyncio.Semaphore] = {}
 
-    async def acquire(self, host: tuple[str, int, bool], wait: float) -> Slot:
+    async def acquire(self, host: Hashable, wait: float) -> Slot:
         """A slot for one request to `host`, or PoolFull after `wait` seconds."""
         held: list[asyncio.Semaphore] = []
         try:
@@ -82,18 +78,3 @@ class PoolSlots:
                 await semaphore.acquire()
         except TimeoutError:
             raise PoolFull(scope, limit) from None
-
-
-# One PoolSlots per connector (the process's one session), made on first use.
-_POOLS: weakref.WeakKeyDictionary[aiohttp.BaseConnector, PoolSlots] = weakref.WeakKeyDictionary()
-
-
-def pool_slots(session: aiohttp.ClientSession) -> PoolSlots | None:
-    """The slots mirroring `session`'s connector limits; None when it has no connector."""
-    connector = session.connector
-    if connector is None:
-        return None
-    slots = _POOLS.get(connector)
-    if slots is None:
-        slots = _POOLS[connector] = PoolSlots(connector.limit, connector.limit_per_host)
-    return slots

@@ -236,10 +236,10 @@ class Reloader:
             learn_secrets(secret_values(new))  # before any line could carry one of its secrets
             await check_startup(new)
             config = effective(state.config, new)
-            assert state.session is not None  # the app is serving
+            assert state.vendors is not None  # the app is serving
             generation = build_generation(
                 config,
-                state.session,
+                state.vendors,
                 state.clock,
                 state.metrics,
                 state.redis,

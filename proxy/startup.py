@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import aiohttp
-
 from policies.core.clock import SYSTEM_CLOCK
 from policies.core.redislink import RedisLink
 from policies.quota import DailyQuota, MemoryQuotas
@@ -12,6 +10,7 @@ from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate
 from proxy.config import Config, ConfigError, ConfigErrors
 from proxy.metrics import Metrics
+from proxy.outbound import VendorPool
 from proxy.pipeline import Deps, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
@@ -41,19 +40,20 @@ async def check_startup(config: Config, *, whole: bool = True) -> None:
         except ValueError as exc:
             where = "redis" if config.redis.url is None else "redis.url"
             errors.append(ConfigError(where, f"start-up cannot use it: {exc}"))
+    vendors = VendorPool(0, 0, 0)  # never connects: routes are built, not called
     try:
-        async with aiohttp.ClientSession(cookie_jar=aiohttp.DummyCookieJar()) as session:
-            deps = Deps(config, session, SYSTEM_CLOCK, metrics, redis)
-            for name, route in config.routes.items():
-                try:
-                    deps.routes[name] = build_route(route, deps)
-                except ValueError as exc:
-                    errors.append(ConfigError(f"routes.{name}", f"start-up cannot build it: {exc}"))
-            if whole and not errors:
-                Router([(r.config.prefix, r) for r in deps.routes.values()])
-                SearchApi(config.search_api, deps.routes, metrics, SYSTEM_CLOCK)
-                Admin(deps.routes, config.server.admin_token)
+        deps = Deps(config, vendors, SYSTEM_CLOCK, metrics, redis)
+        for name, route in config.routes.items():
+            try:
+                deps.routes[name] = build_route(route, deps)
+            except ValueError as exc:
+                errors.append(ConfigError(f"routes.{name}", f"start-up cannot build it: {exc}"))
+        if whole and not errors:
+            Router([(r.config.prefix, r) for r in deps.routes.values()])
+            SearchApi(config.search_api, deps.routes, metrics, SYSTEM_CLOCK)
+            Admin(deps.routes, config.server.admin_token)
     finally:
+        vendors.close()
         if redis is not None:
             await redis.close()
     if errors:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-import aiohttp
 from aiohttp import web
 
 from policies.core.clock import Clock
@@ -20,6 +19,7 @@ from proxy.generation import Generation
 from proxy.listeners import address
 from proxy.mcp_server import McpEndpoint
 from proxy.metrics import Metrics, RouteMetrics
+from proxy.outbound import VendorPool
 from proxy.pipeline import Route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
@@ -42,7 +42,7 @@ class ProxyState:
     direct_hooks: DirectHooks | None = None
     generation: Generation | None = None
     mcp: McpEndpoint | None = None  # the MCP server at mcp_server.path (proxy/mcp_server.py)
-    session: aiohttp.ClientSession | None = None
+    vendors: VendorPool | None = None  # connections to the upstreams
     redis: RedisLink | None = None
     log_requests: bool = True
     # The request metrics of the endpoints that are not routes (/v1/search, /v1/fetch, /mcp).

@@ -61,6 +61,7 @@ TIER_OF_MODULE = {
     "test_internals": "unit",
     "test_reclaim": "unit",
     "test_upstream": "integration",
+    "test_outbound": "integration",
     "test_redis_recovery": "integration",
     "test_redis_commands": "integration",
     "test_redis_ha": "e2e",

@@ -1,6 +1,7 @@
-"""The start-up check of aiohttp's private parts that proxy/guard.py relies on: it finds them all
-in the aiohttp the suite runs, names the one a different aiohttp lacks, and a proxy whose
-aiohttp lacks one refuses to start (exit 1, naming it) instead of serving without its limits."""
+"""The start-up check of aiohttp's private parts that proxy/guard.py and proxy/outbound.py rely
+on: it finds them all in the aiohttp the suite runs, names the one a different aiohttp lacks,
+and a proxy whose aiohttp lacks one refuses to start (exit 1, naming it) instead of serving
+without its limits."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from typing import Any
 import pytest
 from aiohttp import web, web_protocol, web_runner
 
-from proxy.internals import HANDLER_NAMES, missing_internals
+from proxy.internals import HANDLER_NAMES, RESPONSE_NAMES, missing_internals
 from testkit.procs import ROOT
 
 
@@ -34,6 +35,13 @@ def test_a_server_that_no_longer_keeps_its_options_is_named() -> None:
 
     found = missing_internals(server=Server, runner=web_runner.AppRunner, module=web_protocol)
     assert found == ["Server._kwargs"]
+
+
+def test_a_response_protocol_without_one_of_them_is_named() -> None:
+    # A stand-in for a client ResponseHandler from an aiohttp that renamed its parameters call.
+    kept = {name: None for name in RESPONSE_NAMES if name != "set_response_params"}
+    response = type("ResponseHandler", (), kept)
+    assert missing_internals(response=response) == ["ResponseHandler.set_response_params"]
 
 
 @pytest.mark.e2e

@@ -6,8 +6,6 @@ from __future__ import annotations
 import socket
 from typing import Any
 
-import aiohttp
-import aiohttp.abc
 import pytest
 from multidict import CIMultiDict
 
@@ -18,6 +16,7 @@ from policies.core.flow import Flow, compose
 from policies.retry import Retry
 from proxy.config import parse_config
 from proxy.forward import Upstream
+from proxy.outbound import VendorPool
 from testkit.fakevendor import Fault
 from tests.conftest import route
 
@@ -191,14 +190,9 @@ async def test_methods_not_listed_are_not_retried(vendor, start_proxy):
     assert r.status == 503 and vendor.count() == 1
 
 
-class _NoSuchHost(aiohttp.abc.AbstractResolver):
+async def _no_such_host(host: str, port: int) -> list[Any]:
     """A resolver that knows no host, as DNS answers for a mistyped upstream."""
-
-    async def resolve(self, host: str, port: int = 0, family: int = 0) -> list[Any]:
-        raise OSError(socket.EAI_NONAME, "Name or service not known")
-
-    async def close(self) -> None:
-        pass
+    raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
 
 
 async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
@@ -217,10 +211,10 @@ async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
     cfg = config.routes["tavily"]
     assert cfg.section("retry") is not None
     clock = ManualClock()
-    connector = aiohttp.TCPConnector(resolver=_NoSuchHost())
-    async with aiohttp.ClientSession(connector=connector) as session:
+    vendors = VendorPool(8, 8, 15.0, resolve=_no_such_host)
+    try:
         retry = Retry("tavily", cfg.section("retry"), per_try=1.0, clock=clock, events=NullEvents())
-        handler = compose([retry], Upstream(cfg, session, clock))
+        handler = compose([retry], Upstream(cfg, vendors, clock))
         flow = Flow.new(
             route="tavily",
             method="POST",
@@ -235,6 +229,8 @@ async def test_a_host_that_does_not_resolve_is_not_retried_and_says_why():
         )
         with pytest.raises(UpstreamUnreachable) as caught:
             await handler(flow)
+    finally:
+        vendors.close()
     err = caught.value
     assert err.transient is False and flow.trace.attempts == 1 and clock.sleeps == []
     assert err.message.startswith(
