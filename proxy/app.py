@@ -35,6 +35,7 @@ from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
 from proxy.forward import request_headers
+from proxy.front import ROUTE_HANDLER
 from proxy.generation import build_generation
 from proxy.keys import one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
@@ -486,7 +487,11 @@ def build_app(
     app.router.add_route("*", "/admin", admin_elsewhere)
     app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
     _mount_mcp(app, config)
-    app.router.add_route("*", "/{tail:.*}", enveloped(proxy_request))
+    # Route requests: the front's (proxy/front.py) on a GuardedRunner's listener; this
+    # catch-all takes those handed to aiohttp (and every one of a test server's).
+    route_handler = enveloped(proxy_request)
+    app[ROUTE_HANDLER] = route_handler
+    app.router.add_route("*", "/{tail:.*}", route_handler)
     return app
 
 

@@ -25,6 +25,7 @@ from policies.backoff import attempt_timeout
 from policies.core.clock import Clock
 from policies.core.errors import (
     AttemptFailed,
+    BadRequest,
     DeadlineExceeded,
     MemoryBudgetFull,
     OutOfTime,
@@ -44,7 +45,7 @@ from policies.core.route import HOP_BY_HOP, PROXY_OWNED
 from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
 from proxy.logs import LEVEL
-from proxy.outbound import Answer, ConnectFailed, Origin, VendorPool, request_head
+from proxy.outbound import Answer, ConnectFailed, HeaderInjection, Origin, VendorPool, request_head
 from proxy.pool import PoolFull, Slot
 from proxy.redact import redact_bytes
 from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
@@ -320,6 +321,12 @@ class Upstream:
             raise
         except ConnectFailed as failed:
             raise self._connect_failed(flow, failed) from None
+        except HeaderInjection:
+            raise BadRequest(
+                f"{self.route}: a header of this request holds a line break (CR or LF); send "
+                "each header on one line",
+                route=self.route,
+            ) from None
         except TimeoutError:
             if resp is not None:
                 resp.close()

@@ -41,6 +41,7 @@ from proxy.errors import (
     RequestTimeout,
     TooManyConnections,
 )
+from proxy.front import ROUTE_HANDLER, AgentConnection, drain_in_time
 from proxy.redact import redact_text
 
 log = structlog.get_logger("search_proxy")
@@ -52,10 +53,6 @@ _CLAIMED_VERSION = web.RequestKey("search_proxy_claimed_version", str)
 # From the first quoted literal on: aiohttp quotes the bytes it could not parse (a header line,
 # the request line with its query), as b'...' or '...'.
 _QUOTED = re.compile(r"""[\s:]*(?:\bb)?['"].*$""")
-
-
-class SendTimeout(ConnectionResetError):
-    """The agent read nothing of its answer for server.send_timeout; its connection is dropped."""
 
 
 def raw_answer(err: ProxyError) -> bytes:
@@ -73,10 +70,10 @@ def raw_answer(err: ProxyError) -> bytes:
     return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
 
 
-def cut_reason(request: web.BaseRequest) -> str | None:
+def cut_reason(request: Any) -> str | None:
     """Why the proxy cut this request's connection ("shutdown", "send_timeout"), if it did."""
     conn = request.protocol
-    return conn.cut if isinstance(conn, ClientConnection) else None
+    return conn.cut if isinstance(conn, ClientConnection | AgentConnection) else None
 
 
 def _problem(exc: BaseException | None, message: str | None) -> str:
@@ -164,10 +161,16 @@ class ClientConnection(RequestHandler):
             tr.write(refusal)
             tr.close()
             return
+        self.adopt(transport, peer, self._loop.time())
+
+    def adopt(self, transport: asyncio.BaseTransport, peer: str | None, began: float) -> None:
+        """Serve a connection admitted already (by the front, proxy/front.py, handing it over),
+        whose awaited request began at `began` (loop time)."""
         self._admitted = True
         self._peer = peer
         super().connection_made(transport)
-        self._start_head()
+        self._request_deadline = began + self._guard.limits.request_timeout
+        self._arm_head_timer(began)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if not self._admitted:
@@ -217,13 +220,6 @@ class ClientConnection(RequestHandler):
 
     # ------------------------------------------------------------------ timeouts
 
-    def _start_head(self) -> None:
-        """A request begins (a new connection, or the first byte of the next request): its
-        head has header_timeout and the whole request request_timeout, from now."""
-        began = self._loop.time()
-        self._request_deadline = began + self._guard.limits.request_timeout
-        self._arm_head_timer(began)
-
     def _arm_head_timer(self, began: float) -> None:
         """The head's timer, for a request that began at `began` (loop time)."""
         limits = self._guard.limits
@@ -235,13 +231,7 @@ class ClientConnection(RequestHandler):
         if self.transport is None or not self._between_requests():
             return
         if self._head_started:
-            guard = self._guard
-            if guard.limits.request_timeout < guard.limits.header_timeout:
-                answer, err = guard.request_late, guard.request_late_error
-            else:
-                answer, err = guard.head_timeout, guard.head_timeout_error
-            self.transport.write(answer)
-            _log_refusal(None, None, err)
+            self._guard.head_late(self.transport)
         self.force_close()
 
     def _watch_body(self, body: StreamReader) -> None:
@@ -263,12 +253,13 @@ class ClientConnection(RequestHandler):
             self._body = None
             return
         now = self._loop.time()
-        limits = self._guard.limits
-        if self._reading_paused or self._buffer_paused:
-            # We paused reading (the handler has not read what came): not the agent stalling,
-            # nor the agent being slow; neither limit runs out meanwhile.
-            self._body_deadline = max(self._body_deadline, now + limits.body_timeout)
-            self._request_deadline = max(self._request_deadline, now + limits.body_timeout)
+        # We paused reading (the handler has not read what came): not the agent stalling.
+        self._body_deadline, self._request_deadline = self._guard.body_deadlines(
+            now,
+            self._reading_paused or self._buffer_paused,
+            self._body_deadline,
+            self._request_deadline,
+        )
         due = min(self._body_deadline, self._request_deadline)
         if now < due:
             self._body_timer = self._loop.call_at(due, self._body_check)
@@ -278,38 +269,14 @@ class ClientConnection(RequestHandler):
             # A handler reads (or will read) this body: its read raises, it answers 408; then
             # close rather than linger for the rest of a body that is not coming.
             self._lingering_time = 0.0
-            if now >= self._request_deadline:
-                late = RequestTimeout(
-                    f"the request did not arrive whole within "
-                    f"{seconds_text(limits.request_timeout)} (server.request_timeout); send "
-                    "the request line, headers and whole body at once"
-                )
-            else:
-                late = RequestTimeout(
-                    f"the request body stalled: nothing arrived for "
-                    f"{seconds_text(limits.body_timeout)} (server.body_timeout); send the "
-                    "whole body without pausing"
-                )
-            body.set_exception(late)
+            body.set_exception(self._guard.body_late(whole_late=now >= self._request_deadline))
         else:
             # Already answered; aiohttp is discarding the rest of the body: stop waiting for it.
             body.feed_eof()
             self.force_close()
 
     async def _drain_helper(self) -> None:
-        if not self._paused or self.transport is None:
-            await super()._drain_helper()
-            return
-        try:
-            async with asyncio.timeout(self._guard.limits.send_timeout):
-                await super()._drain_helper()
-        except TimeoutError:
-            self.cut = "send_timeout"
-            if self.transport is not None:
-                self.transport.abort()  # close() would wait for the agent to read the buffer
-            raise SendTimeout(
-                f"the agent read nothing for {seconds_text(self._guard.limits.send_timeout)}"
-            ) from None
+        await drain_in_time(self, super()._drain_helper, self._guard.limits.send_timeout)
 
     # ------------------------------------------------------------------ shutdown
 
@@ -377,10 +344,11 @@ def _too_many(what: str) -> bytes:
 
 
 class GuardedServer(web.Server):
-    """aiohttp's low-level server with `ClientConnection` as its protocol; it counts open
-    connections, refuses past max_connections (and past max_connections_per_peer from one
-    address), tracks requests in flight for the drain, and answers request lines of an HTTP
-    version other than 1.0 and 1.1 with 505."""
+    """aiohttp's low-level server with `ClientConnection` as its protocol, behind the front
+    (proxy/front.py's AgentConnection) when the application has routes to serve there; it
+    counts open connections, refuses past max_connections (and past max_connections_per_peer
+    from one address), tracks requests in flight for the drain, and answers request lines of
+    an HTTP version other than 1.0 and 1.1 with 505."""
 
     def __init__(
         self,
@@ -388,8 +356,13 @@ class GuardedServer(web.Server):
         limits: ServerConfig,
         overload: OverloadLog | None = None,
         budget: MemoryBudget | None = None,
+        app: web.Application | None = None,
     ) -> None:
         loop = asyncio.get_running_loop()
+        self.loop = loop
+        # The front serves this application's routes (it has a route handler), or nobody.
+        self.app = app if app is not None and ROUTE_HANDLER in app else None
+        self.agents: set[AgentConnection] = set()  # the front's connections, open
         self.limits = limits
         self.budget = budget  # what requests' bodies may hold at once (None: not counted)
         self.overload = overload or OverloadLog(loop.time, loop.call_at, limits.max_connections)
@@ -399,7 +372,7 @@ class GuardedServer(web.Server):
         self._peak = 0  # most connections open at once since the last reclaim
         self._app_handler = plain.request_handler
         self._app_request = plain.request_factory
-        self._in_flight: dict[asyncio.Task[Any], ClientConnection] = {}
+        self._in_flight: dict[asyncio.Task[Any], ClientConnection | AgentConnection] = {}
         # Prebuilt: written by timers and at accept time, where no request object exists.
         self.refusal = _too_many(
             f"the proxy has {limits.max_connections} connections open (server.max_connections)"
@@ -427,8 +400,64 @@ class GuardedServer(web.Server):
             **plain._kwargs,
         )
 
-    def __call__(self) -> RequestHandler:
+    def __call__(self) -> asyncio.Protocol:  # type: ignore[override]
+        # The listener's protocol factory: loop.create_server takes any protocol.
+        if self.app is not None:
+            return AgentConnection(self, self.app)
         return ClientConnection(self, loop=self._loop, **self._kwargs)
+
+    def hand_over(
+        self, transport: asyncio.Transport, peer: str | None, began: float, data: bytes
+    ) -> None:
+        """aiohttp serves a connection the front admitted, from the request that began at
+        `began` on (`data`: what came of it so far)."""
+        conn = ClientConnection(self, loop=self._loop, **self._kwargs)
+        transport.set_protocol(conn)
+        conn.adopt(transport, peer, began)
+        if data:
+            conn.data_received(data)
+
+    def serving(self, task: asyncio.Task[Any], conn: AgentConnection) -> None:
+        """A request the front serves is in flight (for the drain)."""
+        self._in_flight[task] = conn
+
+    def done_serving(self, task: asyncio.Task[Any]) -> None:
+        del self._in_flight[task]
+
+    def head_late(self, transport: asyncio.Transport) -> None:
+        """Answer a request whose head began but did not arrive in time (then close)."""
+        if self.limits.request_timeout < self.limits.header_timeout:
+            answer, err = self.request_late, self.request_late_error
+        else:
+            answer, err = self.head_timeout, self.head_timeout_error
+        transport.write(answer)
+        _log_refusal(None, None, err)
+
+    def body_deadlines(
+        self, now: float, paused: bool, body_deadline: float, request_deadline: float
+    ) -> tuple[float, float]:
+        """A body's two deadlines (the next piece's, the whole request's), pushed on past
+        `now` while the proxy holds the body back (`paused`: its handler has not read what
+        came): neither limit runs out on the agent for the proxy's wait."""
+        if not paused:
+            return body_deadline, request_deadline
+        pushed = now + self.limits.body_timeout
+        return max(body_deadline, pushed), max(request_deadline, pushed)
+
+    def body_late(self, *, whole_late: bool) -> RequestTimeout:
+        """The error of a body that stalled (or, `whole_late`, of a request not whole by
+        request_timeout), for its handler's read to raise."""
+        if whole_late:
+            return RequestTimeout(
+                f"the request did not arrive whole within "
+                f"{seconds_text(self.limits.request_timeout)} (server.request_timeout); send "
+                "the request line, headers and whole body at once"
+            )
+        return RequestTimeout(
+            f"the request body stalled: nothing arrived for "
+            f"{seconds_text(self.limits.body_timeout)} (server.body_timeout); send the "
+            "whole body without pausing"
+        )
 
     def admit(self, peer: str | None) -> bytes | None:
         """Count a new connection from `peer` in (None), or refuse it: the answer to write
@@ -552,7 +581,7 @@ class GuardedRunner(web.AppRunner):
 
     async def _make_server(self) -> web.Server:
         plain = await super()._make_server()
-        self.guarded = GuardedServer(plain, self.limits, self.overload, self.budget)
+        self.guarded = GuardedServer(plain, self.limits, self.overload, self.budget, self.app)
         return self.guarded
 
     async def stop_accepting(self) -> None:
@@ -563,6 +592,8 @@ class GuardedRunner(web.AppRunner):
             for conn in self.guarded.connections:
                 if isinstance(conn, ClientConnection):
                     conn.close_when_done()
+            for agent in list(self.guarded.agents):
+                agent.close_when_done()
 
     async def drain(self, deadline: float) -> int:
         """See `GuardedServer.drain`."""

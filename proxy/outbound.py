@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import aiohappyeyeballs
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.http import RawResponseMessage
 from aiohttp.streams import StreamReader
@@ -37,6 +38,7 @@ from proxy.pool import PoolSlots
 AddrInfo = tuple[Any, ...]
 Resolve = Callable[[str, int], Awaitable[list[AddrInfo]]]
 DNS_TTL_S = 300.0  # how long a host name's addresses are used before asking again
+HAPPY_EYEBALLS_S = 0.25  # an address that has not connected by then gets the next one tried too
 READ_BUFSIZE = 16 * 1024  # the parser's read limit: what of a body is buffered before pausing
 _DEFAULT_PORTS = {"http": 80, "https": 443}
 # A request of these methods carries no body unless it has one; any other says Content-Length: 0
@@ -181,6 +183,15 @@ class VendorConnection(ResponseHandler):
         self.pool = pool
         self.origin = origin
         self.idle_since = 0.0
+        self.idle = False  # in the pool, between requests
+
+    def data_received(self, data: bytes) -> None:
+        if self.idle and data:  # (b"": a reader resuming the parser)
+            # Bytes nobody asked for: whatever they are, they must never be read as the next
+            # request's answer (it could be another agent's).
+            self.close()
+            return
+        super().data_received(data)
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
@@ -208,6 +219,7 @@ class VendorPool:
         self._live: set[VendorConnection] = set()
         self._resolver = resolve or self._getaddrinfo
         self._dns: dict[tuple[str, int], tuple[float, list[AddrInfo]]] = {}
+        self._lookups: dict[tuple[str, int], asyncio.Task[list[AddrInfo]]] = {}
         self._sweep: asyncio.TimerHandle | None = None
         self._closed = False
 
@@ -236,8 +248,13 @@ class VendorPool:
         conn = self._take(origin)
         if conn is None:
             conn = await self._connect(origin, connect_timeout)
+        # read_until_eof: an answer with neither a length nor chunks ends when the upstream
+        # closes (HTTP/1.0, `Connection: close`); read to then, as aiohttp's session did.
         conn.set_response_params(
-            skip_payload=method == "HEAD", read_bufsize=READ_BUFSIZE, auto_decompress=True
+            skip_payload=method == "HEAD",
+            read_until_eof=True,
+            read_bufsize=READ_BUFSIZE,
+            auto_decompress=True,
         )
         transport = conn.transport
         assert transport is not None  # taken connected
@@ -263,7 +280,8 @@ class VendorPool:
         oldest_kept = self._loop.time() - self.keepalive_timeout
         while idle:
             conn = idle.pop()  # the most recently used: the likeliest still open upstream
-            if conn.is_connected() and conn.idle_since > oldest_kept:
+            conn.idle = False
+            if conn.is_connected() and not conn.should_close and conn.idle_since > oldest_kept:
                 return conn
             conn.close()
         return None
@@ -281,6 +299,7 @@ class VendorPool:
             conn.close()
             return
         conn.idle_since = self._loop.time()
+        conn.idle = True
         self._idle.setdefault(conn.origin, deque()).append(conn)
         if self._sweep is None:
             self._sweep = self._loop.call_later(self.keepalive_timeout, self._sweep_idle)
@@ -314,48 +333,79 @@ class VendorPool:
 
     async def _open(self, origin: Origin) -> VendorConnection:
         addresses = await self._resolve(origin.host, origin.port)
+        try:
+            # The addresses in turn, the next one started while one is slow (RFC 8305), as
+            # aiohttp's connector does: one address that drops SYNs does not stall them all.
+            sock = await aiohappyeyeballs.start_connection(
+                addresses, happy_eyeballs_delay=HAPPY_EYEBALLS_S, interleave=1, loop=self._loop
+            )
+        except OSError as exc:
+            raise ConnectFailed("refused", exc) from None
         tls = self._tls() if origin.tls else None
-        failure: OSError | None = None
-        for family, _, proto, _, address in addresses:
-            try:
-                _, conn = await self._loop.create_connection(
-                    lambda: VendorConnection(self._loop, self, origin),
-                    host=address[0],
-                    port=address[1],
-                    family=family,
-                    proto=proto,
-                    ssl=tls,
-                    server_hostname=origin.host if tls is not None else None,
-                )
-            except ssl.SSLCertVerificationError as exc:
-                raise ConnectFailed("tls_certificate", exc) from None
-            except ssl.SSLError as exc:
-                raise ConnectFailed("tls", exc) from None
-            except OSError as exc:
-                failure = exc  # the next address may answer
-                continue
-            if self._closed:
-                conn.close()
-                raise ConnectFailed("refused", ConnectionRefusedError("the proxy is stopping"))
-            self._live.add(conn)
-            return conn
-        raise ConnectFailed("refused", failure)
+        try:
+            _, conn = await self._loop.create_connection(
+                lambda: VendorConnection(self._loop, self, origin),
+                sock=sock,
+                ssl=tls,
+                # A host name's trailing dot is no part of the name its certificate carries.
+                server_hostname=origin.host.rstrip(".") if tls is not None else None,
+            )
+        except ssl.SSLCertVerificationError as exc:
+            sock.close()
+            raise ConnectFailed("tls_certificate", exc) from None
+        except ssl.SSLError as exc:
+            sock.close()
+            raise ConnectFailed("tls", exc) from None
+        except OSError as exc:  # reset during the handshake
+            sock.close()
+            raise ConnectFailed("refused", exc) from None
+        except BaseException:
+            sock.close()
+            raise
+        if self._closed:
+            conn.close()
+            raise ConnectFailed("refused", ConnectionRefusedError("the proxy is stopping"))
+        self._live.add(conn)
+        return conn
 
     async def _getaddrinfo(self, host: str, port: int) -> list[AddrInfo]:
-        return await self._loop.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        return await self._loop.getaddrinfo(
+            host, port, type=socket.SOCK_STREAM, flags=socket.AI_ADDRCONFIG
+        )
 
     async def _resolve(self, host: str, port: int) -> list[AddrInfo]:
-        now = self._loop.time()
-        known = self._dns.get((host, port))
-        if known is not None and known[0] > now:
-            return known[1]
+        """The host's addresses, from the cache while fresh (rotated at each use, so new
+        connections spread over them); one lookup per host at a time, whoever waits on it."""
+        key = (host, port)
+        known = self._dns.get(key)
+        if known is not None and known[0] > self._loop.time():
+            found = known[1]
+            if len(found) > 1:
+                found.append(found.pop(0))
+            return list(found)
+        lookup = self._lookups.get(key)
+        if lookup is None:
+            lookup = self._lookups[key] = self._loop.create_task(self._lookup(host, port))
+            lookup.add_done_callback(self._lookup_done)
+        # A caller that gives up does not cancel the lookup the others wait on.
+        return list(await asyncio.shield(lookup))
+
+    def _lookup_done(self, lookup: asyncio.Task[list[AddrInfo]]) -> None:
+        for key, running in list(self._lookups.items()):
+            if running is lookup:
+                del self._lookups[key]
+        if not lookup.cancelled():
+            lookup.exception()  # retrieved: every waiter may have given up
+
+    async def _lookup(self, host: str, port: int) -> list[AddrInfo]:
         try:
             found = await self._resolver(host, port)
         except OSError as exc:
             raise ConnectFailed("dns", exc) from None
+        found = [info for info in found if info[1] == socket.SOCK_STREAM]
         if not found:
             raise ConnectFailed("dns", socket.gaierror(socket.EAI_NONAME, "no address"))
-        self._dns[(host, port)] = (now + DNS_TTL_S, found)
+        self._dns[(host, port)] = (self._loop.time() + DNS_TTL_S, list(found))
         return found
 
     def _tls(self) -> ssl.SSLContext:
@@ -374,3 +424,5 @@ class VendorPool:
         for conn in list(self._live):
             conn.close()
         self._idle.clear()
+        for lookup in self._lookups.values():
+            lookup.cancel()

@@ -55,6 +55,14 @@ class Router(Generic[R]):
         self._by_length = sorted(routes, key=lambda pr: len(pr[0]), reverse=True)
         self.prefixes = tuple(sorted(p for p, _ in routes))
 
+    def find(self, path: str) -> R | None:
+        """The route whose prefix `path` falls under, if any, without checking the path (a
+        quick look: `match` refuses what it must before a request is served)."""
+        for prefix, route in self._by_length:
+            if path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/"):
+                return route
+        return None
+
     def match(self, raw_target: str) -> tuple[R, Target]:
         """The route for `raw_target` and the confined remainder; NotFound lists the prefixes."""
         path, query = split_target(raw_target)

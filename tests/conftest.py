@@ -7,11 +7,15 @@ from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
 import pytest
+from aiohttp.test_utils import TestServer
+from aiohttp.web_runner import BaseRunner
 from redis.asyncio import Redis
 
 from policies.core.redislink import RedisLink
 from proxy.app import build_admin_app, build_app
 from proxy.config import parse_config
+from proxy.guard import GuardedRunner
+from proxy.state import STATE
 from testkit.fakevendor import FakeVendor
 from testkit.redisserver import RedisServer
 
@@ -62,6 +66,7 @@ TIER_OF_MODULE = {
     "test_reclaim": "unit",
     "test_upstream": "integration",
     "test_outbound": "integration",
+    "test_front": "integration",
     "test_redis_recovery": "integration",
     "test_redis_commands": "integration",
     "test_redis_ha": "e2e",
@@ -192,15 +197,27 @@ def route(upstream: str, prefix: str, **policies: Any) -> dict[str, Any]:
     return body
 
 
+class ListenerTestServer(TestServer):
+    """pytest-aiohttp's test server on the proxy's own listener (proxy/guard.py's GuardedRunner,
+    with the front of proxy/front.py), as the proxy process serves: route requests take the
+    front's path, everything else aiohttp's, under the server section's limits."""
+
+    async def _make_runner(self, **kwargs: Any) -> BaseRunner:
+        kwargs.pop("handler_cancellation", None)  # off, as in the proxy process
+        state = self.app[STATE]
+        return GuardedRunner(self.app, state.config.server, budget=state.memory, **kwargs)
+
+
 @pytest.fixture
 def start_proxy(aiohttp_client: Any) -> Callable[..., Awaitable[Any]]:
-    """Start a proxy app on loopback from a YAML-shaped dict; returns a pytest-aiohttp client
-    (`client.app[STATE]` reaches its state)."""
+    """Start a proxy app on loopback from a YAML-shaped dict, served as the proxy process serves
+    it (`ListenerTestServer`); returns a pytest-aiohttp client (`client.app[STATE]` reaches its
+    state)."""
 
     async def start(raw: dict[str, Any], *, clock: Any = None, env: dict[str, str] | None = None):
         config = parse_config(raw, env or {})
         kwargs = {"clock": clock} if clock is not None else {}
-        return await aiohttp_client(build_app(config, **kwargs))
+        return await aiohttp_client(ListenerTestServer(build_app(config, **kwargs)))
 
     return start
 

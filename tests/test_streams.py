@@ -161,14 +161,14 @@ class ServedAs(TestServer):
 
 
 @pytest.fixture(params=["test", "plain", "guarded"])
-def serve(request: pytest.FixtureRequest, aiohttp_client: Any, start_proxy: Any) -> Any:
+def serve(request: pytest.FixtureRequest, aiohttp_client: Any) -> Any:
     """Start a proxy in each way agents' connections can be handled; returns (client, mode)."""
 
     async def start(raw: dict[str, Any]) -> tuple[Any, str]:
         mode: str = request.param
-        if mode == "test":
-            return await start_proxy(raw), mode
         config = parse_config(raw, {})
+        if mode == "test":  # aiohttp's own TestServer: handler_cancellation on
+            return await aiohttp_client(build_app(config)), mode
         return await aiohttp_client(ServedAs(build_app(config), mode, config.server)), mode
 
     return start

@@ -1,0 +1,676 @@
+"""The agents' listener below aiohttp's web layer: requests to a route (nearly all of the proxy's
+traffic) are read, answered and kept alive here; every other request is handed, with the bytes
+that came of it, to aiohttp's server (proxy/guard.py's ClientConnection), which serves the rest
+of that connection.
+
+aiohttp's server spends on each request what a route request does not need: a task to wait for
+it and one to run it, a Request with its URL object, the Application's router and middleware,
+and a StreamWriter that formats the head piece by piece. Here a route request is framed from
+the bytes (a head up to its blank line, a body of its Content-Length), its head parsed by
+llhttp (httptools), its handler run in one task, and a whole answer written in one go. What
+this path does not take is aiohttp's: the proxy's own endpoints (/v1/search, /mcp, /metrics,
+...), MCP routes, and anything out of the ordinary (a chunked or `Expect` body, an upgrade, an
+HTTP version other than 1.0 and 1.1, a method no route takes, a head too large or malformed),
+which aiohttp then answers as it always did, its JSON errors included.
+
+The limits are the same as aiohttp's connections have (proxy/guard.py): the head within
+header_timeout, the body without a gap of body_timeout and whole within request_timeout, each
+write taken within send_timeout, idle keep-alive client_keepalive_timeout, and a body held
+before its handler reads it (it charges the memory budget when it does) of at most
+PREREAD_BYTES.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from urllib.parse import unquote
+
+import httptools
+import structlog
+from aiohttp import web
+from aiohttp.base_protocol import BaseProtocol
+from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
+from aiohttp.http import SERVER_SOFTWARE, HttpVersion, HttpVersion10, HttpVersion11
+from aiohttp.http_writer import StreamWriter
+from multidict import CIMultiDict, CIMultiDictProxy
+
+from policies.core.errors import seconds_text
+from policies.core.memory import HOLD, Hold
+from proxy.capacity import peer_of
+from proxy.dialects import error_response
+from proxy.errors import InternalError
+from proxy.state import STATE
+
+if TYPE_CHECKING:
+    from proxy.guard import GuardedServer
+
+log = structlog.get_logger("search_proxy")
+
+# The route handler (proxy/app.py's, in its envelope), set on the application it serves; an
+# application without one (the admin listener's) is served by aiohttp alone.
+RouteHandler = Callable[[Any], Awaitable[web.StreamResponse]]
+ROUTE_HANDLER: Final[web.AppKey[RouteHandler]] = web.AppKey("route_handler")
+
+MAX_HEAD_BYTES = 16 * 1024  # a longer head goes to aiohttp, whose limits answer it (431, 400)
+PREREAD_BYTES = 64 * 1024  # of a body, read before its handler asks for it (then: paused)
+PIPELINED_BYTES = 64 * 1024  # of the next requests, read while one is answered (then: paused)
+LINGER_S = 10.0  # answered before its body came whole: how long the rest is read, then dropped
+WRITE_AT_ONCE = 16 * 1024  # a head and a body up to this are joined into one write
+# What a route takes natively; any other method (CONNECT, TRACE ...) goes to aiohttp's path.
+NATIVE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
+_VERSIONS = {b"HTTP/1.1": HttpVersion11, b"HTTP/1.0": HttpVersion10}
+# Request headers that send the request to aiohttp's path: its framing or its protocol is not
+# this path's (a chunked body, a 100-continue wait, a protocol switch).
+_HANDED = frozenset({"transfer-encoding", "expect", "upgrade"})
+
+
+class SendTimeout(ConnectionResetError):
+    """The agent read nothing of its answer for server.send_timeout; its connection is dropped."""
+
+
+class Cuttable(Protocol):
+    """An agent's connection as the send limit sees it."""
+
+    cut: str | None
+    transport: asyncio.Transport | None
+
+    @property
+    def writing_paused(self) -> bool: ...
+
+
+async def drain_in_time(
+    conn: Cuttable, drain: Callable[[], Awaitable[None]], send_timeout: float
+) -> None:
+    """`drain` (the protocol's wait for the agent to read), at most send_timeout: then the
+    connection is dropped with what it buffered (`SendTimeout`), so a slow reader holds at most
+    the transport's write buffer."""
+    if not conn.writing_paused or conn.transport is None:
+        await drain()
+        return
+    try:
+        async with asyncio.timeout(send_timeout):
+            await drain()
+    except TimeoutError:
+        conn.cut = "send_timeout"
+        if conn.transport is not None:
+            conn.transport.abort()  # close() would wait for the agent to read the buffer
+        raise SendTimeout(f"the agent read nothing for {seconds_text(send_timeout)}") from None
+
+
+class _Unusual(Exception):
+    """The request is not for this path: aiohttp's takes it, bytes and all."""
+
+
+class AgentRequest:
+    """A route request as the envelope and proxy_request read it: the attributes of aiohttp's
+    Request they use, and what aiohttp's StreamResponse needs to stream an answer through
+    this connection."""
+
+    __slots__ = (
+        "_body",
+        "_path",
+        "_writer",
+        "app",
+        "content_length",
+        "headers",
+        "keep_alive",
+        "method",
+        "protocol",
+        "raw_path",
+        "version",
+    )
+
+    def __init__(
+        self,
+        protocol: AgentConnection,
+        app: web.Application,
+        method: str,
+        raw_path: str,
+        version: HttpVersion,
+        headers: CIMultiDictProxy[str],
+        content_length: int | None,
+        keep_alive: bool,
+    ) -> None:
+        self.protocol = protocol
+        self.app = app
+        self.method = method
+        self.raw_path = raw_path
+        self.version = version
+        self.headers = headers
+        self.content_length = content_length
+        self.keep_alive = keep_alive
+        self._path: str | None = None
+        self._writer: StreamWriter | None = None
+
+    @property
+    def transport(self) -> asyncio.Transport | None:
+        return self.protocol.transport
+
+    @property
+    def remote(self) -> str | None:
+        return self.protocol.remote
+
+    @property
+    def scheme(self) -> str:
+        return "http"
+
+    @property
+    def path(self) -> str:
+        """The path, percent-decoded (as aiohttp's Request.path)."""
+        if self._path is None:
+            self._path = unquote(self.raw_path.partition("?")[0].partition("#")[0])
+        return self._path
+
+    @property
+    def query_string(self) -> str:
+        """The query, percent-decoded (as aiohttp's Request.query_string)."""
+        return unquote(self.raw_path.partition("?")[2].partition("#")[0])
+
+    async def read(self) -> bytes:
+        """The whole body (its length is bounded by the handler before it asks)."""
+        return await self.protocol.body()
+
+    # What aiohttp's StreamResponse.prepare() asks of a request it streams an answer to.
+    @property
+    def _payload_writer(self) -> StreamWriter:
+        if self._writer is None:
+            self._writer = StreamWriter(self.protocol, self.protocol.loop)
+        return self._writer
+
+    async def _prepare_hook(self, response: web.StreamResponse) -> None:
+        return None
+
+
+class AgentConnection(BaseProtocol):
+    """One agent's connection, serving its route requests until one is not (then handed to
+    aiohttp's ClientConnection for good)."""
+
+    __slots__ = (
+        "_admitted",
+        "_app",
+        "_body_deadline",
+        "_body_left",
+        "_body_parts",
+        "_body_timer",
+        "_body_waiter",
+        "_buffer",
+        "_close_after",
+        "_discarding",
+        "_guard",
+        "_head_began",
+        "_head_parser",
+        "_head_timer",
+        "_idle_timer",
+        "_lingering",
+        "_parsed",
+        "_peer",
+        "_preread",
+        "_request_deadline",
+        "_scanned",
+        "_task",
+        "cut",
+        "hold",
+        "remote",
+    )
+
+    def __init__(self, guard: GuardedServer, app: web.Application) -> None:
+        super().__init__(guard.loop)
+        self._guard = guard
+        self._app = app
+        self._buffer = bytearray()
+        self._scanned = 0  # how much of the buffer was searched for a head's end
+        self._admitted = False  # counted in the guard's connections (until handed over)
+        self._peer: str | None = None  # counted against max_connections_per_peer
+        self.remote: str | None = None
+        self._head_timer: asyncio.TimerHandle | None = None
+        self._idle_timer: asyncio.TimerHandle | None = None
+        self._body_timer: asyncio.TimerHandle | None = None
+        self._head_began = 0.0  # when the awaited request began (loop time)
+        self._request_deadline = 0.0  # by then it must have arrived whole
+        self._body_deadline = 0.0
+        self._task: asyncio.Task[None] | None = None  # the request being served
+        self._body_parts: list[bytes] = []
+        self._body_left = 0  # bytes of the body still to come
+        self._body_waiter: asyncio.Future[None] | None = None
+        self._preread = True  # the handler has not asked for the body yet
+        self._discarding = False  # the body is refused unread: what comes is dropped
+        self._lingering = False  # answered already: the rest of the body is read, then close
+        self._close_after = False  # close once the request being served is answered
+        # While a head is parsed: llhttp's parser, and the headers and keep-alive it read.
+        self._head_parser: httptools.HttpRequestParser | None = None
+        self._parsed: tuple[list[tuple[bytes, bytes]], bool | None] = ([], None)
+        self.cut: str | None = None
+        self.hold: Hold | None = None
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        return self._loop
+
+    # ------------------------------------------------------------------ connection
+
+    def connection_made(self, transport: asyncio.BaseTransport) -> None:
+        peername = transport.get_extra_info("peername")
+        peer = peer_of(peername)
+        refusal = self._guard.admit(peer)
+        tr = cast(asyncio.Transport, transport)
+        if refusal is not None:
+            tr.write(refusal)
+            tr.close()
+            return
+        super().connection_made(tr)
+        self._admitted = True
+        self._peer = peer
+        self.remote = peername[0] if isinstance(peername, tuple | list) and peername else None
+        self._guard.agents.add(self)
+        self._start_head(self._loop.time())
+
+    def connection_lost(self, exc: BaseException | None) -> None:
+        if self._admitted:  # else refused at accept: never counted
+            self._admitted = False
+            self._guard.agents.discard(self)
+            self._guard.release(self._peer)
+        self._cancel_timers()
+        waiter, self._body_waiter = self._body_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(ConnectionResetError("the agent closed the connection"))
+        super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if self._body_left:  # a body still coming (its request served, or lingered after)
+            self._feed_body(data)
+            return
+        if self._task is not None:
+            self._buffer += data  # the next request, pipelined: read once this one is done
+            if len(self._buffer) > PIPELINED_BYTES and not self._buffer_paused:
+                self._pause_reading_for_buffer()
+            return
+        if not self._buffer and self._idle_timer is not None:
+            # The first bytes of the next request on a kept-alive connection.
+            self._idle_timer.cancel()
+            self._idle_timer = None
+            self._start_head(self._loop.time())
+        self._buffer += data
+        self._next_request()
+
+    def eof_received(self) -> bool | None:
+        return None  # as aiohttp's server: a half-closed connection closes
+
+    # ------------------------------------------------------------------ requests
+
+    def _next_request(self) -> None:
+        """Start the request whose head is in the buffer, or wait for the rest of it."""
+        buffer = self._buffer
+        end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
+        if end < 0:
+            self._scanned = len(buffer)
+            if len(buffer) > MAX_HEAD_BYTES:
+                self._hand_over()
+            return
+        self._scanned = 0
+        try:
+            request = self._read_head(bytes(buffer[: end + 4]))
+        except _Unusual:
+            self._hand_over()
+            return
+        del buffer[: end + 4]
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+            self._head_timer = None
+        length = request.content_length or 0
+        self._body_parts = []
+        self._body_left = length
+        self._preread = True
+        self._discarding = length > self._guard.limits.max_body_bytes
+        if length:
+            self._watch_body()
+            if buffer:
+                rest = bytes(buffer)
+                buffer.clear()
+                self._feed_body(rest)
+        self._task = self._loop.create_task(self._serve(request))
+
+    def _read_head(self, head: bytes) -> AgentRequest:
+        """The request a head asks, if this path takes it (else _Unusual)."""
+        line_end = head.find(b"\r\n")
+        parts = head[:line_end].split(b" ")
+        if len(parts) != 3:
+            raise _Unusual
+        method_b, target_b, version_b = parts
+        version = _VERSIONS.get(version_b)
+        method = method_b.decode("ascii", "replace")
+        if version is None or method not in NATIVE_METHODS or not target_b.startswith(b"/"):
+            raise _Unusual
+        target = target_b.decode("utf-8", "surrogateescape")
+        state = self._app[STATE]
+        router = state.router
+        if router is None:
+            raise _Unusual
+        route = router.find(target.partition("?")[0])
+        if route is None or route.config.has("mcp"):
+            raise _Unusual  # the proxy's own endpoints, a 404, an MCP route
+        parser = self._head_parser = httptools.HttpRequestParser(self)
+        self._parsed = ([], None)
+        try:
+            parser.feed_data(head)
+        except httptools.HttpParserError:
+            raise _Unusual from None
+        finally:
+            self._head_parser = None
+        raw_headers, keep_alive = self._parsed
+        if keep_alive is None:
+            raise _Unusual  # not a whole head by llhttp's reading
+        headers: CIMultiDict[str] = CIMultiDict()
+        length: int | None = None
+        for name_b, value_b in raw_headers:
+            name = name_b.decode("ascii", "surrogateescape")
+            lower = name.lower()
+            if lower in _HANDED:
+                raise _Unusual
+            value = value_b.decode("utf-8", "surrogateescape")
+            if lower == "content-length":
+                if length is not None or not value.isdigit() or not value.isascii():
+                    raise _Unusual  # aiohttp's parser refuses it in its words
+                length = int(value)
+            headers.add(name, value)
+        return AgentRequest(
+            self,
+            self._app,
+            method,
+            target,
+            version,
+            CIMultiDictProxy(headers),
+            length,
+            keep_alive,
+        )
+
+    # httptools' callbacks, while a head is parsed
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._parsed[0].append((name, value))
+
+    def on_headers_complete(self) -> None:
+        # Read here: once the message is complete, llhttp's flags are the next message's.
+        parser = self._head_parser
+        assert parser is not None
+        if parser.should_upgrade():
+            raise _Unusual
+        self._parsed = (self._parsed[0], parser.should_keep_alive())
+
+    # ------------------------------------------------------------------ the body
+
+    def _feed_body(self, data: bytes) -> None:
+        take = data[: self._body_left] if len(data) > self._body_left else data
+        self._body_left -= len(take)
+        if not self._discarding:
+            self._body_parts.append(take)
+        if len(take) < len(data):
+            self._buffer += data[len(take) :]  # the next request's first bytes
+        if self._body_left == 0:
+            if self._lingering:  # after the answer: the body is all in, close
+                self._close()
+                return
+            self._body_done()
+            return
+        self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
+        if self._preread and not self._discarding and not self._buffer_paused:
+            if sum(map(len, self._body_parts)) >= PREREAD_BYTES:
+                self._pause_reading_for_buffer()  # until the handler asks (and charges it)
+
+    def _linger(self) -> None:
+        """Answered before its body came whole (a 413, a refusal): read the rest and drop it,
+        so the agent finishes sending and reads the answer, then close (as aiohttp's
+        lingering close); at most LINGER_S."""
+        self._discarding = self._lingering = True
+        self._body_parts = []
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+        self._body_timer = self._loop.call_later(LINGER_S, self._close)
+
+    def _body_done(self) -> None:
+        if self._body_timer is not None:
+            self._body_timer.cancel()
+            self._body_timer = None
+        waiter, self._body_waiter = self._body_waiter, None
+        if waiter is not None and not waiter.done():
+            waiter.set_result(None)
+
+    async def body(self) -> bytes:
+        """The request's whole body, once it has come (RequestTimeout if it stalls)."""
+        self._preread = False
+        if self._buffer_paused and self._task is not None:
+            self._resume_reading_for_buffer()
+        if self._body_left:
+            waiter = self._body_waiter = self._loop.create_future()
+            await waiter
+        parts, self._body_parts = self._body_parts, []
+        return parts[0] if len(parts) == 1 else b"".join(parts)
+
+    def _watch_body(self) -> None:
+        now = self._loop.time()
+        limits = self._guard.limits
+        self._body_deadline = now + limits.body_timeout
+        due = min(self._body_deadline, self._request_deadline)
+        self._body_timer = self._loop.call_at(due, self._body_check)
+
+    def _body_check(self) -> None:
+        self._body_timer = None
+        if not self._body_left or self.transport is None:
+            return
+        now = self._loop.time()
+        # Paused by us (the handler has not asked yet): not the agent's stall.
+        self._body_deadline, self._request_deadline = self._guard.body_deadlines(
+            now, self._buffer_paused, self._body_deadline, self._request_deadline
+        )
+        due = min(self._body_deadline, self._request_deadline)
+        if now < due:
+            self._body_timer = self._loop.call_at(due, self._body_check)
+            return
+        self._close_after = True  # the rest of the body is not coming: no next request
+        late = self._guard.body_late(whole_late=now >= self._request_deadline)
+        waiter = self._body_waiter
+        if waiter is not None and not waiter.done():
+            waiter.set_exception(late)
+        elif self._task is None or self._task.done():
+            self._close()
+        else:
+            self._body_left = 0  # a handler asking later gets the error at once
+            self._body_waiter = fut = self._loop.create_future()
+            fut.set_exception(late)
+            fut.exception()  # retrieved here, raised again when awaited
+
+    # ------------------------------------------------------------------ answering
+
+    async def _serve(self, request: AgentRequest) -> None:
+        guard = self._guard
+        task = asyncio.current_task()
+        assert task is not None
+        handler = self._app[ROUTE_HANDLER]
+        guard.serving(task, self)
+        held = None
+        if guard.budget is not None:
+            self.hold = hold = Hold(guard.budget)
+            held = HOLD.set(hold)
+        response: web.StreamResponse | None = None
+        try:
+            try:
+                response = await handler(request)
+            except asyncio.CancelledError:
+                self._close()
+                raise
+            except ConnectionError:
+                self._close()
+                return
+            except Exception as exc:
+                log.exception("request_failed", exc_info=exc)
+                response = error_response(
+                    InternalError(
+                        "the proxy failed on this request (a bug, logged with its traceback); "
+                        "try again"
+                    ),
+                    os.urandom(16).hex(),
+                )
+                response.force_close()
+            finally:
+                guard.done_serving(task)
+                if held is not None:
+                    HOLD.reset(held)
+            keep_alive = await self._finish(request, response)
+        except ConnectionError:
+            keep_alive = False
+        finally:
+            self.release_hold()
+        self._task = None
+        if self._body_left and not self._close_after and self.transport is not None:
+            self._linger()
+            return
+        if not keep_alive or self._close_after or self._discarding:
+            self._close()
+            return
+        self._start_head(self._loop.time(), idle=True)
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        if self._buffer:  # a pipelined request came meanwhile
+            self._start_head(self._loop.time())
+            self._next_request()
+
+    async def _finish(self, request: AgentRequest, response: web.StreamResponse) -> bool:
+        """Write a whole answer (a streamed one has written itself); whether the connection
+        stays open for the next request."""
+        transport = self.transport
+        if transport is None or transport.is_closing():
+            return False
+        if response.prepared:
+            await response.write_eof()  # a no-op when the stream ended it
+            return bool(response.keep_alive)
+        if not isinstance(response, web.Response) or not isinstance(
+            response.body, bytes | bytearray | None
+        ):
+            await response.prepare(cast(web.BaseRequest, request))  # aiohttp writes it
+            await response.write_eof()
+            return bool(response.keep_alive)
+        # A body refused unread (or not all in) closes the connection after the answer.
+        keep_alive = (
+            request.keep_alive
+            and response.keep_alive is not False
+            and not (self._close_after or self._discarding or self._body_left)
+        )
+        body = response.body or b""
+        method, status = request.method, response.status
+        headers = response.headers
+        if "Content-Length" in headers:
+            if should_remove_content_length(method, status):
+                del headers["Content-Length"]
+        elif body or (status != 304 and method != "HEAD"):
+            headers["Content-Length"] = str(len(body))
+        empty = must_be_empty_body(method, status)
+        if empty:
+            headers.popall("Transfer-Encoding", None)
+        elif body and "Content-Type" not in headers:
+            headers["Content-Type"] = "application/octet-stream"
+        if "Date" not in headers:
+            headers["Date"] = rfc822_formatted_time()
+        if "Server" not in headers:
+            headers["Server"] = SERVER_SOFTWARE
+        version = request.version
+        if "Connection" not in headers:
+            if keep_alive:
+                if version == HttpVersion10:
+                    headers["Connection"] = "keep-alive"
+            elif version == HttpVersion11:
+                headers["Connection"] = "close"
+        head = _response_head(version, status, response.reason, headers)
+        if empty or not body:
+            transport.write(head)
+        elif len(body) <= WRITE_AT_ONCE:
+            transport.write(head + body)
+        else:
+            transport.writelines((head, body))
+        if self._paused:
+            await self._drain_helper()  # taken within send_timeout, or the connection drops
+        return keep_alive
+
+    def release_hold(self) -> None:
+        hold, self.hold = self.hold, None
+        if hold is not None:
+            hold.close()
+
+    async def _drain_helper(self) -> None:
+        await drain_in_time(self, super()._drain_helper, self._guard.limits.send_timeout)
+
+    # ------------------------------------------------------------------ timers
+
+    def _start_head(self, began: float, *, idle: bool = False) -> None:
+        """A request may begin: its head is due by header_timeout (a kept-alive connection,
+        `idle`, waits client_keepalive_timeout for its first byte), the whole of it by
+        request_timeout."""
+        limits = self._guard.limits
+        if idle:
+            self._idle_timer = self._loop.call_at(
+                began + limits.client_keepalive_timeout, self._close
+            )
+            return
+        self._head_began = began
+        self._request_deadline = began + limits.request_timeout
+        due = min(limits.header_timeout, limits.request_timeout)
+        if self._head_timer is not None:
+            self._head_timer.cancel()
+        self._head_timer = self._loop.call_at(began + due, self._head_late)
+
+    def _head_late(self) -> None:
+        self._head_timer = None
+        if self.transport is None or self._task is not None:
+            return
+        if self._buffer:
+            self._guard.head_late(self.transport)
+        self._close()
+
+    def _cancel_timers(self) -> None:
+        for timer in (self._head_timer, self._idle_timer, self._body_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._idle_timer = self._body_timer = None
+
+    # ------------------------------------------------------------------ ending
+
+    def _close(self) -> None:
+        self._cancel_timers()
+        if self.transport is not None:
+            self.transport.close()
+
+    def close_when_done(self) -> None:
+        """At shutdown: close now if idle, else right after the answer being written."""
+        if self._task is None:
+            self._close()
+        else:
+            self._close_after = True
+
+    def _hand_over(self) -> None:
+        """aiohttp's server takes this connection from the request now arriving on."""
+        transport = self.transport
+        assert transport is not None
+        self._cancel_timers()
+        self._guard.agents.discard(self)
+        self._admitted = False  # the ClientConnection counts it from here
+        data = bytes(self._buffer)
+        self._buffer.clear()
+        if self._buffer_paused:
+            self._resume_reading_for_buffer()
+        self._guard.hand_over(transport, self._peer, self._head_began, data)
+
+
+def _response_head(
+    version: HttpVersion, status: int, reason: str, headers: CIMultiDict[str]
+) -> bytes:
+    lines = [f"HTTP/{version[0]}.{version[1]} {status} {reason}\r\n"]
+    lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
+    lines.append("\r\n")
+    head = "".join(lines)
+    # Every header the proxy writes is checked before (config, the vendor's by
+    # response_headers); a CR or LF that slipped through would split the answer.
+    if head.count("\n") != len(lines) or head.count("\r") != len(lines):
+        raise ValueError("a response header holds CR or LF")
+    return head.encode("utf-8", "surrogateescape")
