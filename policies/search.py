@@ -96,6 +96,11 @@ class SearchGuard(_SearchPolicy):
             | frozenset(self.profile.terminal_body_codes)
         )
 
+    @property
+    def remembers_failures(self) -> bool:
+        """Whether a terminal failure is being replayed to some request now."""
+        return bool(self._failures)
+
     def validate(self, ref: QueryRef | None) -> None:
         """Raise BadRequest, naming the field, for a query no vendor should be asked."""
         if ref is None:

@@ -25,6 +25,7 @@ from policies.core.errors import ProxyError
 from policies.core.flow import CallBudget, Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
+from proxy.access import route_fields
 from proxy.bodies import read_body
 from proxy.budget import budget_for
 from proxy.config import Config
@@ -35,7 +36,7 @@ from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
 from proxy.forward import request_headers
-from proxy.front import ROUTE_HANDLER
+from proxy.front import ROUTE_HANDLER, AgentRequest
 from proxy.generation import build_generation
 from proxy.keys import one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
@@ -155,7 +156,7 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         keyed = one_key(profile, route.body_key, flow.request)
         if keyed is not flow.request:
             flow = ex.flow = flow.with_request(keyed)
-    ex.fields = lambda: _route_fields(flow)
+    ex.fields = lambda: route_fields(flow.trace)
     # An MCP tool call may run for minutes before its answer begins: stop it, and its
     # upstream call, once the agent has gone (aiohttp's handler_cancellation is off).
     watch = watch_agent(request) if route.config.has("mcp") else None
@@ -164,22 +165,10 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     finally:
         if watch is not None:
             watch.stop()
+    if flow.trace.cached is not None and route.replays is not None:
+        if isinstance(request, AgentRequest):  # the front: it remembers the answer it writes
+            request.hit = (route.replays, flow.trace.cached)
     return await answer(request, reply, ex)
-
-
-def _route_fields(flow: Flow) -> dict[str, object]:
-    """What a route request's access line says it did; credentials are redacted by the log
-    processor."""
-    return {
-        "upstream_ms": round(flow.trace.upstream_seconds * 1000, 2),
-        "attempts": flow.trace.attempts,
-        "retries": flow.trace.retry_reasons or None,
-        "cache": flow.trace.cache,
-        "breaker": flow.trace.breaker,
-        "provider": flow.trace.provider,
-        "hedges": flow.trace.hedges or None,
-        "rpc": flow.trace.rpc,
-    }
 
 
 # ---------------------------------------------------------------------------------------------

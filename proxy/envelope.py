@@ -10,8 +10,6 @@ says) and raises ProxyError for a failure it does not answer itself.
 from __future__ import annotations
 
 import asyncio
-import os
-import re
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,18 +21,17 @@ from aiohttp.typedefs import Handler
 
 from policies.core.errors import ProxyError, StreamCut
 from policies.core.flow import Flow, Reply
+from proxy import access
 from proxy.dialects import error_response
 from proxy.echo import EchoGuard
 from proxy.errors import RequestTimeout, ShuttingDown
 from proxy.guard import cut_reason
 from proxy.metrics import RouteMetrics
 from proxy.pipeline import Route
-from proxy.redact import redact_query
 from proxy.state import STATE, ProxyState
 
 log = structlog.get_logger("search_proxy")
 
-_REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 # The end of an event, where another may begin: a blank line (LF, CR or CRLF line ends).
 _EVENT_ENDS = (b"\n\n", b"\r\r", b"\n\r\n", b"\r\r\n")
 AGENT_CHECK_S = 1.0  # how often a stream being relayed looks whether its agent is still there
@@ -44,8 +41,7 @@ WHOLE_BYTES = 4 * PIECE_BYTES  # answers up to this size are written in one go
 
 def request_id(request: web.Request) -> str:
     """The agent's X-Request-Id when it is safe to log and forward, else a fresh one."""
-    rid = request.headers.get("X-Request-Id", "")
-    return rid if _REQUEST_ID.match(rid) else os.urandom(16).hex()
+    return access.request_id(request.headers)
 
 
 @dataclass(slots=True)
@@ -222,18 +218,15 @@ def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | Non
     # The proxy's own error, also when it travels in a 200 (an MCP tool error).
     error = response.headers.get("X-Proxy-Error") if response is not None else None
     error = error or ex.error or (flow.trace.error if flow else None)
-    log.info(
-        "request",
-        request_id=ex.request_id,
-        route=ex.name,
-        method=request.method,
-        path=request.path,
-        query=redact_query(request.query_string) if request.query_string else None,
-        status=ex.status,
-        duration_ms=round(elapsed * 1000, 2),
-        **fields,
+    access.access_line(
+        request,
+        ex.request_id,
+        ex.name,
+        ex.status,
+        elapsed,
+        fields,
         cut=ex.cut,
-        bytes=written,
+        written=written,
         error=error,
     )
 

@@ -38,14 +38,18 @@ from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict, CIMultiDictProxy
 
 from policies.core.errors import seconds_text
+from policies.core.flow import Trace
 from policies.core.memory import HOLD, Hold
+from proxy.access import access_line, request_id, route_fields
 from proxy.capacity import peer_of
 from proxy.dialects import error_response
 from proxy.errors import InternalError
+from proxy.replay import PER_REQUEST, Replay, Replays
 from proxy.state import STATE
 
 if TYPE_CHECKING:
     from proxy.guard import GuardedServer
+    from proxy.pipeline import Route
 
 log = structlog.get_logger("search_proxy")
 
@@ -65,6 +69,8 @@ _VERSIONS = {b"HTTP/1.1": HttpVersion11, b"HTTP/1.0": HttpVersion10}
 # Request headers that send the request to aiohttp's path: its framing or its protocol is not
 # this path's (a chunked body, a 100-continue wait, a protocol switch).
 _HANDED = frozenset({"transfer-encoding", "expect", "upgrade"})
+# A replayed hit's access-line fields: those of a hit the chain answered.
+HIT_FIELDS = route_fields(Trace(cache="hit"))
 
 
 class SendTimeout(ConnectionResetError):
@@ -110,12 +116,13 @@ class AgentRequest:
     this connection."""
 
     __slots__ = (
-        "_body",
         "_path",
         "_writer",
         "app",
+        "body",
         "content_length",
         "headers",
+        "hit",
         "keep_alive",
         "method",
         "protocol",
@@ -144,6 +151,10 @@ class AgentRequest:
         self.keep_alive = keep_alive
         self._path: str | None = None
         self._writer: StreamWriter | None = None
+        self.body: bytes | None = None  # once read
+        # Set by the route's handler when a fresh cache hit answered (the route's replays and
+        # the hit's cache key and entry): the answer written is remembered for a replay.
+        self.hit: tuple[Replays, tuple[str, Any]] | None = None
 
     @property
     def transport(self) -> asyncio.Transport | None:
@@ -171,7 +182,8 @@ class AgentRequest:
 
     async def read(self) -> bytes:
         """The whole body (its length is bounded by the handler before it asks)."""
-        return await self.protocol.body()
+        self.body = await self.protocol.body()
+        return self.body
 
     # What aiohttp's StreamResponse.prepare() asks of a request it streams an answer to.
     @property
@@ -301,25 +313,35 @@ class AgentConnection(BaseProtocol):
     # ------------------------------------------------------------------ requests
 
     def _next_request(self) -> None:
-        """Start the request whose head is in the buffer, or wait for the rest of it."""
+        """Start the requests whose heads are in the buffer (answering those a replay answers
+        at once), or wait for the rest of one."""
+        while self._buffer and self.transport is not None and self._task is None:
+            if not self._start_request():
+                return
+
+    def _start_request(self) -> bool:
+        """Start the request whose head is in the buffer; True when it was answered at once
+        and the connection is ready for the next one."""
         buffer = self._buffer
         end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
         if end < 0:
             self._scanned = len(buffer)
             if len(buffer) > MAX_HEAD_BYTES:
                 self._hand_over()
-            return
+            return False
         self._scanned = 0
         try:
-            request = self._read_head(bytes(buffer[: end + 4]))
+            request, route = self._read_head(bytes(buffer[: end + 4]))
         except _Unusual:
             self._hand_over()
-            return
+            return False
         del buffer[: end + 4]
         if self._head_timer is not None:
             self._head_timer.cancel()
             self._head_timer = None
         length = request.content_length or 0
+        if route.replays is not None and length <= len(buffer) and self._replay(request, route):
+            return True
         self._body_parts = []
         self._body_left = length
         self._preread = True
@@ -331,8 +353,88 @@ class AgentConnection(BaseProtocol):
                 buffer.clear()
                 self._feed_body(rest)
         self._task = self._loop.create_task(self._serve(request))
+        return False
 
-    def _read_head(self, head: bytes) -> AgentRequest:
+    def _replay(self, request: AgentRequest, route: Route) -> bool:
+        """Answer a request whose body is all in the buffer from a remembered fresh hit, if
+        one is (proxy/replay.py); True when it did and the connection stays for the next."""
+        replays = route.replays
+        state = self._app[STATE]
+        if replays is None or state.clients is not None:
+            return False
+        length = request.content_length or 0
+        body = bytes(self._buffer[:length])
+        key = replays.key(request.method, request.raw_path, request.headers, body)
+        found = None if key is None else replays.find(key)
+        if found is None:
+            return False
+        del self._buffer[:length]
+        started = state.clock.now()
+        replay, now = found
+        rid = request_id(request.headers)
+        dynamic = {name.lower(): value for name, value in now}
+        dynamic["x-request-id"] = rid
+        dynamic["date"] = rfc822_formatted_time()
+        keep_alive = request.keep_alive
+        lines = [
+            f"HTTP/{request.version[0]}.{request.version[1]} {replay.status} {replay.reason}\r\n"
+        ]
+        for name, value in replay.headers:
+            lower = name.lower()
+            if lower in PER_REQUEST:
+                if lower == "connection":
+                    continue
+                value = dynamic[lower]
+            lines.append(f"{name}: {value}\r\n")
+        if keep_alive:
+            if request.version == HttpVersion10:
+                lines.append("Connection: keep-alive\r\n")
+        elif request.version == HttpVersion11:
+            lines.append("Connection: close\r\n")
+        lines.append("\r\n")
+        head = "".join(lines).encode("utf-8", "surrogateescape")
+        transport = self.transport
+        assert transport is not None
+        if request.method == "HEAD":
+            transport.write(head)
+        else:
+            transport.write(head + replay.body)
+        elapsed = state.clock.now() - started
+        route.metrics.observe(replay.status, elapsed, elapsed)
+        if state.log_requests:
+            written = 0 if request.method == "HEAD" else len(replay.body)
+            access_line(
+                request,
+                rid,
+                route.name,
+                replay.status,
+                elapsed,
+                HIT_FIELDS,
+                cut=None,
+                written=written,
+                error=None,
+            )
+        if not keep_alive or self._close_after:
+            self._close()
+            return False
+        if self._paused:  # the agent is not reading: wait for it in a task, as any answer
+            self._task = self._loop.create_task(self._drained())
+            return False
+        self._start_head(self._loop.time(), idle=not self._buffer)
+        return True
+
+    async def _drained(self) -> None:
+        """After a replayed answer the agent has not read yet: the next request once it has
+        (within send_timeout, or the connection drops)."""
+        try:
+            await self._drain_helper()
+        except ConnectionError:
+            self._task = None
+            return
+        self._task = None
+        self._ready_for_next()
+
+    def _read_head(self, head: bytes) -> tuple[AgentRequest, Route]:
         """The request a head asks, if this path takes it (else _Unusual)."""
         line_end = head.find(b"\r\n")
         parts = head[:line_end].split(b" ")
@@ -375,7 +477,7 @@ class AgentConnection(BaseProtocol):
                     raise _Unusual  # aiohttp's parser refuses it in its words
                 length = int(value)
             headers.add(name, value)
-        return AgentRequest(
+        request = AgentRequest(
             self,
             self._app,
             method,
@@ -385,6 +487,7 @@ class AgentConnection(BaseProtocol):
             length,
             keep_alive,
         )
+        return request, route
 
     # httptools' callbacks, while a head is parsed
     def on_header(self, name: bytes, value: bytes) -> None:
@@ -530,12 +633,18 @@ class AgentConnection(BaseProtocol):
         if not keep_alive or self._close_after or self._discarding:
             self._close()
             return
-        self._start_head(self._loop.time(), idle=True)
+        self._ready_for_next()
+
+    def _ready_for_next(self) -> None:
+        """An answer is written and the connection stays: wait for the next request (idle for
+        at most client_keepalive_timeout), or start the one pipelined meanwhile."""
         if self._buffer_paused:
             self._resume_reading_for_buffer()
         if self._buffer:  # a pipelined request came meanwhile
             self._start_head(self._loop.time())
             self._next_request()
+        else:
+            self._start_head(self._loop.time(), idle=True)
 
     async def _finish(self, request: AgentRequest, response: web.StreamResponse) -> bool:
         """Write a whole answer (a streamed one has written itself); whether the connection
@@ -583,6 +692,8 @@ class AgentConnection(BaseProtocol):
             elif version == HttpVersion11:
                 headers["Connection"] = "close"
         head = _response_head(version, status, response.reason, headers)
+        if request.hit is not None and status == 200 and request.body is not None:
+            self._remember(request, response, bytes(body))
         if empty or not body:
             transport.write(head)
         elif len(body) <= WRITE_AT_ONCE:
@@ -592,6 +703,16 @@ class AgentConnection(BaseProtocol):
         if self._paused:
             await self._drain_helper()  # taken within send_timeout, or the connection drops
         return keep_alive
+
+    def _remember(self, request: AgentRequest, response: web.Response, body: bytes) -> None:
+        """Keep a fresh hit's answer as written, for the next identical request."""
+        assert request.hit is not None and request.body is not None
+        replays, (cache_key, entry) = request.hit
+        key = replays.key(request.method, request.raw_path, request.headers, request.body)
+        if key is not None:
+            headers = tuple(response.headers.items())
+            served = Replay(cache_key, entry, response.status, response.reason, headers, body)
+            replays.keep(key, served)
 
     def release_hold(self) -> None:
         hold, self.hold = self.hold, None

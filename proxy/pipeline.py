@@ -34,6 +34,7 @@ from proxy.forward import Upstream
 from proxy.keys import injected_key
 from proxy.metrics import Metrics, RouteMetrics
 from proxy.outbound import VendorPool
+from proxy.replay import Replays, replays_for
 
 
 @dataclass
@@ -56,6 +57,9 @@ class Route:
     # The key the route injects, put in the body fields where the profile also reads one.
     body_key: str | None = None
     calls_setting: str = ""  # the config key of the route's call budget, for its message
+    # Fresh hits answered again to identical requests without the chain (proxy/replay.py);
+    # None: the route's chain does not allow it.
+    replays: Replays | None = None
 
     @property
     def name(self) -> str:
@@ -220,4 +224,5 @@ def build_route(cfg: RouteConfig, deps: Deps) -> Route:
         profile=profile,
         cache=next((p for p in policies if isinstance(p, StaleCache)), None),
         breaker=next((p for p in policies if isinstance(p, Breaker)), None),
+        replays=None if mcp_cfg is not None else replays_for(policies),
     )

@@ -67,6 +67,7 @@ TIER_OF_MODULE = {
     "test_upstream": "integration",
     "test_outbound": "integration",
     "test_front": "integration",
+    "test_replay": "integration",
     "test_redis_recovery": "integration",
     "test_redis_commands": "integration",
     "test_redis_ha": "e2e",

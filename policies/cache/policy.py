@@ -133,6 +133,7 @@ class StaleCache:
                 if lease.state is LockState.ACQUIRED:  # it aged past fresh_after meanwhile
                     await self.fetch_lock.release(key, lease)
                 self._mark(flow, "hit")
+                flow.trace.cached = (key, entry)
                 return self._hit(entry, age)
             if state is Freshness.EXPIRED:
                 entry = None
@@ -289,10 +290,30 @@ class StaleCache:
 
     def _hit(self, entry: Entry, age: float) -> Reply:
         reply = entry.reply()
-        reply.headers["X-Cache"] = "HIT"
-        reply.headers["Age"] = str(int(age))
-        reply.headers["Cache-Status"] = f"search-proxy; hit; ttl={int(self.cfg.ttl - age)}"
+        reply.headers.extend(self._hit_headers(age))
         return reply
+
+    def _hit_headers(self, age: float) -> tuple[tuple[str, str], ...]:
+        """What a fresh hit `age` seconds old adds to its entry's headers."""
+        return (
+            ("X-Cache", "HIT"),
+            ("Age", str(int(age))),
+            ("Cache-Status", f"search-proxy; hit; ttl={int(self.cfg.ttl - age)}"),
+        )
+
+    def replay(self, key: str, entry: Entry) -> tuple[tuple[str, str], ...] | None:
+        """Answer a fresh hit for `key` again from `entry` without the chain (an identical
+        request, proxy/replay.py): the hit's own headers now, counted as a hit; None when
+        `entry` no longer answers `key` here (replaced, past fresh, or being fetched again:
+        the chain then decides)."""
+        local = self.store.local
+        if local is None or key in self._inflight or local.peek(key) is not entry:
+            return None
+        state, age = freshness(entry.stored_at, self.clock.wall(), self.cfg.ttl, 0.0)
+        if state is not Freshness.FRESH:
+            return None
+        self.events.cache(self.route, "hit")
+        return self._hit_headers(age)
 
     def _stale(
         self, flow: Flow, entry: Entry | None, status: int | None, detail: str, forwarded: bool

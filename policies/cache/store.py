@@ -29,6 +29,11 @@ class CacheStore(LockStore, Protocol):
     """Where entries live, and the fetch locks (`LockStore`); stores only move bytes, the policy
     decides."""
 
+    @property
+    def local(self) -> MemoryStore | None:
+        """The in-process tier, if the store has one."""
+        ...
+
     async def lookup(self, key: str, fresh_after: float, ask: LockAsk | None = None) -> Found:
         """The newest entry for `key` and, when it was not stored after `fresh_after` (wall
         seconds: not fresh) and `ask` is given, the fetch lock, in one round trip; a later
@@ -60,6 +65,10 @@ class MemoryStore:
 
     def __len__(self) -> int:
         return len(self._entries)
+
+    @property
+    def local(self) -> MemoryStore:
+        return self
 
     @property
     def nbytes(self) -> int:
@@ -169,6 +178,7 @@ class RedisStore:
     down = a miss."""
 
     keeps_locks = True
+    local = None  # Redis alone: no in-process tier
 
     def __init__(self, link: RedisLink, retain: float, clock: Clock) -> None:
         self.link = link

@@ -13,7 +13,7 @@ import math
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Protocol
+from typing import Any, Protocol
 
 from multidict import CIMultiDict
 
@@ -146,6 +146,9 @@ class Trace:
     rpc_attempts: list[str] = field(default_factory=list)  # the JSON-RPC ids attempts went under
     # The type of an error the proxy answered inside a 200 (an MCP tool error), for the log.
     error: str | None = None
+    # The cache key and entry a fresh hit answered from (the cache's `replay` can answer the
+    # identical request again from them without the chain: proxy/replay.py).
+    cached: tuple[str, Any] | None = None
 
 
 @dataclass(frozen=True, slots=True)

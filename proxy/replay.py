@@ -1,0 +1,113 @@
+"""Fresh cache hits answered again to identical requests without running the route's chain.
+
+A request the front reads whole (proxy/front.py) whose exact bytes (method, target, body, and
+the headers the cache keys on) were answered by a fresh cache hit a moment ago gets the same
+answer, written from the bytes kept then, as long as the cache entry it came from is still the
+route's fresh entry for that key. Nothing above the cache could answer it differently: the
+route is replayable only when the policies above its cache are ones that pass a fresh hit on
+unchanged (the search guard while it replays no failure, failover, fault injection for a
+request not asking for a fault); a client gate, request cache directives, an entry only Redis
+holds, or an entry being fetched again send the request through the chain as always.
+
+The answer is the one the chain served (its headers in their order, its body after the echo
+guard), with what changes per request made again: the request id, the hit's Age and
+Cache-Status, Date and Connection. Metrics and the access line are the same as a hit's.
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from multidict import CIMultiDictProxy
+
+from policies.cache import StaleCache
+from policies.core.credentials import is_credential_name
+from policies.failover import Failover
+from policies.faults import HEADER as FAULT_HEADER
+from policies.faults import FaultInjector
+from policies.search import SearchGuard
+
+MAX_REPLAYS = 512  # identical requests remembered per route
+MAX_REPLAYED_BODY = 4096  # a request body over this is never remembered (nor its key held)
+# Headers of the answer made again for each request (lower case).
+PER_REQUEST = frozenset({"x-request-id", "age", "cache-status", "date", "connection"})
+# A request carrying one of these goes through the chain: it asks the cache (or a fault) for
+# something of its own.
+_OWN_WAY = frozenset({"cache-control", "pragma", FAULT_HEADER.lower()})
+
+RequestKey = tuple[str, str, bytes, tuple[tuple[str, str], ...]]
+
+
+@dataclass(frozen=True, slots=True)
+class Replay:
+    """What a hit answered: its cache key and entry, its status and headers as served."""
+
+    cache_key: str
+    entry: Any  # policies.cache.Entry
+    status: int
+    reason: str
+    headers: tuple[tuple[str, str], ...]
+    body: bytes
+
+
+class Replays:
+    """One route's remembered hits, by the exact request."""
+
+    def __init__(self, cache: StaleCache, guard: SearchGuard | None) -> None:
+        self.cache = cache
+        self.guard = guard
+        self.route = cache.route
+        # What the cache key reads of the headers: credentials, and `cache.vary`.
+        self._keyed = cache.known.headers | {name.lower() for name in cache.cfg.vary}
+        self._memo: OrderedDict[RequestKey, Replay] = OrderedDict()
+
+    def key(
+        self, method: str, target: str, headers: CIMultiDictProxy[str], body: bytes
+    ) -> RequestKey | None:
+        """The request as the cache tells it apart from others (None: it goes its own way)."""
+        if len(body) > MAX_REPLAYED_BODY:
+            return None
+        keyed = []
+        for name, value in headers.items():
+            lower = name.lower()
+            if lower in _OWN_WAY:
+                return None
+            if lower in self._keyed or is_credential_name(lower):
+                keyed.append((lower, value))
+        return (method, target, body, tuple(keyed))
+
+    def find(self, key: RequestKey) -> tuple[Replay, tuple[tuple[str, str], ...]] | None:
+        """The remembered answer and the hit's headers now, counted as a hit; None when the
+        chain must answer."""
+        replay = self._memo.get(key)
+        if replay is None or (self.guard is not None and self.guard.remembers_failures):
+            return None
+        now = self.cache.replay(replay.cache_key, replay.entry)
+        if now is None:
+            del self._memo[key]
+            return None
+        return replay, now
+
+    def keep(self, key: RequestKey, served: Replay) -> None:
+        """Remember the answer a fresh hit gave `key`."""
+        self._memo.pop(key, None)
+        self._memo[key] = served
+        if len(self._memo) > MAX_REPLAYS:
+            self._memo.popitem(last=False)
+
+
+def replays_for(policies: Sequence[Any]) -> Replays | None:
+    """The route's replays, when its chain lets a fresh hit be answered again without it: a
+    cache, with only policies above it that pass a fresh hit on unchanged."""
+    guard = None
+    for policy in policies:
+        if isinstance(policy, StaleCache):
+            return Replays(policy, guard)
+        if isinstance(policy, SearchGuard):
+            guard = policy
+        elif not isinstance(policy, Failover | FaultInjector):
+            return None  # a policy that could answer differently
+    return None

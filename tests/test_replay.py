@@ -1,0 +1,210 @@
+"""Fresh cache hits answered again to identical requests by the front, without the route's chain
+(proxy/replay.py): the same answer a hit gives, counted and logged as a hit, and never when the
+chain could answer otherwise (the entry replaced or past fresh, request directives, other
+credentials, a guard replaying a failure, a client gate)."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+import structlog
+
+from policies.core.clock import ManualClock
+from proxy.replay import MAX_REPLAYS, PER_REQUEST, Replays
+from proxy.state import STATE
+from testkit.fakevendor import Fault
+from tests.conftest import route
+from tests.test_front import Raw, post
+
+CACHE = {"ttl": "10m", "stale_ttl": "1h"}
+
+
+def cached(vendor: Any, **extra: Any) -> dict[str, Any]:
+    extra.setdefault("cache", CACHE)
+    extra.setdefault("search", {"vendor": "tavily", "on_empty": "pass"})
+    return {"routes": {"tavily": route(vendor.url + "/tavily", "/tavily", **extra)}}
+
+
+async def search(client: Any, query: str = "replay me", key: str = "Bearer k1", **headers: str):
+    return await client.post(
+        "/tavily/search", json={"query": query}, headers={"Authorization": key, **headers}
+    )
+
+
+def replays_of(client: Any) -> Replays:
+    replays = client.app[STATE].routes["tavily"].replays
+    assert replays is not None
+    return replays
+
+
+def remembered(client: Any) -> int:
+    return len(replays_of(client)._memo)
+
+
+def hits(client: Any) -> float:
+    counter = client.app[STATE].metrics.cache_results.labels("tavily", "hit")
+    return counter._value.get()
+
+
+def static(headers: Any) -> list[tuple[str, str]]:
+    return [(k, v) for k, v in headers.items() if k.lower() not in PER_REQUEST]
+
+
+async def test_a_replay_answers_as_the_hit_did_and_counts_as_one(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    miss = await search(client)
+    hit = await search(client)  # the chain's hit: remembered as written
+    assert hit.headers["X-Cache"] == "HIT" and remembered(client) == 1
+    counted = hits(client)
+    again = await search(client, **{"X-Request-Id": "agent-7"})
+    assert static(again.headers) == static(hit.headers)
+    assert await again.read() == await hit.read() == await miss.read()
+    assert again.headers["X-Request-Id"] == "agent-7"  # per request, not the hit's
+    assert again.headers["Age"] == "0" and again.headers["Cache-Status"].startswith(
+        "search-proxy; hit; ttl="
+    )
+    assert hits(client) == counted + 1
+    assert vendor.count() == 1
+
+
+async def test_a_replay_logs_the_access_line_of_a_hit(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    await search(client)
+    with structlog.testing.capture_logs() as logs:
+        await search(client)  # the chain
+        await search(client)  # the replay
+    chain, replay = [e for e in logs if e["event"] == "request"]
+    for line in (chain, replay):
+        del line["request_id"], line["duration_ms"]
+    assert replay == chain and replay["cache"] == "hit"
+
+
+async def test_age_and_ttl_are_the_entrys_now(vendor, start_proxy):
+    clock = ManualClock()
+    client = await start_proxy(cached(vendor), clock=clock)
+    await search(client)
+    await search(client)
+    clock.advance(125)
+    r = await search(client)
+    assert r.headers["Age"] == "125"
+    assert r.headers["Cache-Status"] == "search-proxy; hit; ttl=475"
+    assert vendor.count() == 1
+
+
+async def test_an_entry_past_fresh_is_never_replayed(vendor, start_proxy):
+    clock = ManualClock()
+    client = await start_proxy(cached(vendor), clock=clock)
+    await search(client)
+    await search(client)
+    assert remembered(client) == 1
+    clock.advance(11 * 60)  # past the ttl: the chain refreshes it from the vendor
+    r = await search(client)
+    assert r.headers["X-Cache"] == "MISS" and vendor.count() == 2
+    assert remembered(client) == 0
+
+
+async def test_a_replaced_entry_is_answered_anew(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    await search(client)
+    await search(client)
+    vendor.script(Fault.status(200, {"results": [{"url": "https://new.example", "title": "n"}]}))
+    fresh = await search(client, **{"Cache-Control": "no-cache"})  # refetched and stored
+    assert fresh.headers["X-Cache"] == "MISS" and vendor.count() == 2
+    r = await search(client)
+    assert await r.read() == await fresh.read()  # not the answer remembered before
+    assert vendor.count() == 2
+
+
+@pytest.mark.parametrize("header", ["Cache-Control", "Pragma"])
+async def test_request_directives_go_through_the_chain(vendor, start_proxy, header):
+    client = await start_proxy(cached(vendor))
+    await search(client)
+    await search(client)
+    r = await search(client, **{header: "no-cache"})
+    assert r.headers["X-Cache"] == "MISS" and vendor.count() == 2
+
+
+async def test_other_credentials_are_other_requests(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    await search(client, key="Bearer alice")
+    await search(client, key="Bearer alice")
+    r = await search(client, key="Bearer bob")
+    assert r.headers["X-Cache"] == "MISS" and vendor.count() == 2
+
+
+async def test_a_guard_replaying_a_failure_stops_the_replays(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    await search(client)
+    await search(client)
+    replays = replays_of(client)
+    key = next(iter(replays._memo))
+    assert replays.find(key) is not None
+    vendor.script(Fault.status(401, {"detail": {"error": "Unauthorized: bad key"}}))
+    assert (await search(client, query="other", key="Bearer wrong")).status == 401
+    assert replays.guard is not None and replays.guard.remembers_failures
+    assert replays.find(key) is None  # the chain answers while the guard remembers one
+    assert (await search(client)).headers["X-Cache"] == "HIT"  # as the chain decides
+
+
+async def test_routes_with_a_client_gate_are_never_replayed(vendor, start_proxy):
+    raw = cached(vendor)
+    token = "3f9c2a7e51b84d06a9e1c7f2b5d8e04a"
+    raw["clients"] = {"agent": {"token": token, "daily_requests": 3}}
+    client = await start_proxy(raw)
+    headers = {"Authorization": f"Bearer {token}"}
+    statuses = []
+    for _ in range(4):
+        r = await client.post("/tavily/search", json={"query": "q"}, headers=headers)
+        statuses.append(r.status)
+    assert statuses[:3] == [200, 200, 200] and statuses[3] == 429  # every one counted
+    assert vendor.count() == 1
+
+
+async def test_pipelined_identical_requests_are_replayed_in_order(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    body = b'{"query": "pipelined"}'
+    raw = await Raw.to(client)
+    await raw.send(post("/tavily/search", body, "Authorization: Bearer k1"))
+    await raw.send(post("/tavily/search", body, "Authorization: Bearer k1"))
+    first, second = await raw.answer(), await raw.answer()
+    ids = [f"p{i}" for i in range(5)]
+    await raw.send(
+        b"".join(post("/tavily/search", body, "Authorization: Bearer k1", f"X-Request-Id: {i}")
+                 for i in ids)
+    )  # fmt: skip
+    answers = [await raw.answer() for _ in ids]
+    assert [a[1]["x-request-id"] for a in answers] == ids
+    assert all(a[2] == second[2] == first[2] for a in answers)
+    assert vendor.count() == 1
+    raw.close()
+
+
+async def test_remembered_requests_are_bounded(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    for i in range(MAX_REPLAYS + 5):
+        await search(client, query=f"q{i}")
+        await search(client, query=f"q{i}")
+    assert remembered(client) == MAX_REPLAYS
+
+
+async def test_an_agent_not_reading_replays_waits_within_send_timeout(vendor, start_proxy):
+    # Replays written to an agent that reads nothing fill its window; the connection is
+    # dropped once send_timeout passes, as for any answer.
+    raw_cfg = cached(vendor)
+    raw_cfg["server"] = {"send_timeout": "300ms"}
+    client = await start_proxy(raw_cfg)
+    await search(client)
+    await search(client)
+    raw = await Raw.to(client)
+    one = post("/tavily/search", b'{"query": "replay me"}', "Authorization: Bearer k1")
+    try:
+        async with asyncio.timeout(5):
+            while True:  # until the proxy drops the connection
+                raw.writer.write(one * 50)
+                await raw.writer.drain()
+    except (ConnectionError, TimeoutError) as exc:
+        assert not isinstance(exc, TimeoutError), "the connection was never dropped"
+    finally:
+        raw.close()
