@@ -26,7 +26,6 @@ import asyncio
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
-from urllib.parse import unquote
 
 import httptools
 import structlog
@@ -34,8 +33,10 @@ from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
 from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
 from aiohttp.http import SERVER_SOFTWARE, HttpVersion, HttpVersion10, HttpVersion11
+from aiohttp.http_parser import SINGLETON_HEADERS
 from aiohttp.http_writer import StreamWriter
 from multidict import CIMultiDict, CIMultiDictProxy
+from yarl import URL
 
 from policies.core.errors import seconds_text
 from policies.core.flow import Trace
@@ -58,7 +59,10 @@ log = structlog.get_logger("search_proxy")
 RouteHandler = Callable[[Any], Awaitable[web.StreamResponse]]
 ROUTE_HANDLER: Final[web.AppKey[RouteHandler]] = web.AppKey("route_handler")
 
-MAX_HEAD_BYTES = 16 * 1024  # a longer head goes to aiohttp, whose limits answer it (431, 400)
+# A head past these goes to aiohttp, whose limits answer it (its 400 says which).
+MAX_HEAD_BYTES = 16 * 1024
+MAX_LINE_BYTES = 8190  # aiohttp's max_line_size and max_field_size
+MAX_HEADERS = 128  # aiohttp's max_headers
 PREREAD_BYTES = 64 * 1024  # of a body, read before its handler asks for it (then: paused)
 PIPELINED_BYTES = 64 * 1024  # of the next requests, read while one is answered (then: paused)
 LINGER_S = 10.0  # answered before its body came whole: how long the rest is read, then dropped
@@ -149,7 +153,7 @@ class AgentRequest:
         self.headers = headers
         self.content_length = content_length
         self.keep_alive = keep_alive
-        self._path: str | None = None
+        self._path: URL | None = None
         self._writer: StreamWriter | None = None
         self.body: bytes | None = None  # once read
         # Set by the route's handler when a fresh cache hit answered (the route's replays and
@@ -169,16 +173,22 @@ class AgentRequest:
         return "http"
 
     @property
+    def _url(self) -> URL:
+        """The target as aiohttp's parser builds it (asked only for the access line)."""
+        if self._path is None:
+            path, _, query = self.raw_path.partition("#")[0].partition("?")
+            self._path = URL.build(path=path, query_string=query, encoded=True)
+        return self._path
+
+    @property
     def path(self) -> str:
         """The path, percent-decoded (as aiohttp's Request.path)."""
-        if self._path is None:
-            self._path = unquote(self.raw_path.partition("?")[0].partition("#")[0])
-        return self._path
+        return self._url.path
 
     @property
     def query_string(self) -> str:
         """The query, percent-decoded (as aiohttp's Request.query_string)."""
-        return unquote(self.raw_path.partition("?")[2].partition("#")[0])
+        return self._url.query_string
 
     async def read(self) -> bytes:
         """The whole body (its length is bounded by the handler before it asks)."""
@@ -326,10 +336,15 @@ class AgentConnection(BaseProtocol):
         end = buffer.find(b"\r\n\r\n", max(0, self._scanned - 3))
         if end < 0:
             self._scanned = len(buffer)
-            if len(buffer) > MAX_HEAD_BYTES:
+            # Too long for a head, or lines ending in a bare LF (a head that never ends in
+            # CRLF CRLF): aiohttp's parser answers it now rather than at header_timeout.
+            if len(buffer) > MAX_HEAD_BYTES or buffer.count(b"\n") != buffer.count(b"\r\n"):
                 self._hand_over()
             return False
         self._scanned = 0
+        if end + 4 > MAX_HEAD_BYTES:
+            self._hand_over()
+            return False
         try:
             request, route = self._read_head(bytes(buffer[: end + 4]))
         except _Unusual:
@@ -438,7 +453,7 @@ class AgentConnection(BaseProtocol):
         """The request a head asks, if this path takes it (else _Unusual)."""
         line_end = head.find(b"\r\n")
         parts = head[:line_end].split(b" ")
-        if len(parts) != 3:
+        if len(parts) != 3 or line_end > MAX_LINE_BYTES:
             raise _Unusual
         method_b, target_b, version_b = parts
         version = _VERSIONS.get(version_b)
@@ -464,16 +479,20 @@ class AgentConnection(BaseProtocol):
         raw_headers, keep_alive = self._parsed
         if keep_alive is None:
             raise _Unusual  # not a whole head by llhttp's reading
+        if len(raw_headers) > MAX_HEADERS:
+            raise _Unusual
         headers: CIMultiDict[str] = CIMultiDict()
         length: int | None = None
         for name_b, value_b in raw_headers:
+            if len(name_b) + len(value_b) > MAX_LINE_BYTES:
+                raise _Unusual  # aiohttp's limit on a field: its 400 says which
             name = name_b.decode("ascii", "surrogateescape")
             lower = name.lower()
-            if lower in _HANDED:
-                raise _Unusual
-            value = value_b.decode("utf-8", "surrogateescape")
+            if lower in _HANDED or (lower in SINGLETON_HEADERS and name in headers):
+                raise _Unusual  # aiohttp's parser refuses a second Host, Content-Type ...
+            value = value_b.rstrip(b" \t").decode("utf-8", "surrogateescape")
             if lower == "content-length":
-                if length is not None or not value.isdigit() or not value.isascii():
+                if not value.isdigit() or not value.isascii():
                     raise _Unusual  # aiohttp's parser refuses it in its words
                 length = int(value)
             headers.add(name, value)
@@ -544,6 +563,10 @@ class AgentConnection(BaseProtocol):
     async def body(self) -> bytes:
         """The request's whole body, once it has come (RequestTimeout if it stalls)."""
         self._preread = False
+        waiter = self._body_waiter
+        if waiter is not None and waiter.done():  # it stalled before the handler asked
+            self._body_waiter = None
+            waiter.result()  # raises its RequestTimeout
         if self._buffer_paused and self._task is not None:
             self._resume_reading_for_buffer()
         if self._body_left:
@@ -588,45 +611,21 @@ class AgentConnection(BaseProtocol):
     # ------------------------------------------------------------------ answering
 
     async def _serve(self, request: AgentRequest) -> None:
-        guard = self._guard
-        task = asyncio.current_task()
-        assert task is not None
-        handler = self._app[ROUTE_HANDLER]
-        guard.serving(task, self)
-        held = None
-        if guard.budget is not None:
-            self.hold = hold = Hold(guard.budget)
-            held = HOLD.set(hold)
-        response: web.StreamResponse | None = None
+        keep_alive = False
         try:
-            try:
-                response = await handler(request)
-            except asyncio.CancelledError:
-                self._close()
-                raise
-            except ConnectionError:
-                self._close()
-                return
-            except Exception as exc:
-                log.exception("request_failed", exc_info=exc)
-                response = error_response(
-                    InternalError(
-                        "the proxy failed on this request (a bug, logged with its traceback); "
-                        "try again"
-                    ),
-                    os.urandom(16).hex(),
-                )
-                response.force_close()
-            finally:
-                guard.done_serving(task)
-                if held is not None:
-                    HOLD.reset(held)
-            keep_alive = await self._finish(request, response)
+            response = await self._answer(request)
+            if response is not None:
+                keep_alive = await self._finish(request, response)
+        except asyncio.CancelledError:
+            self._close()
+            raise
         except ConnectionError:
-            keep_alive = False
+            pass  # the agent went, or read nothing for send_timeout: closed below
+        except Exception as exc:  # writing the answer failed: a bug, never a hung connection
+            log.exception("request_failed", exc_info=exc)
         finally:
             self.release_hold()
-        self._task = None
+            self._task = None
         if self._body_left and not self._close_after and self.transport is not None:
             self._linger()
             return
@@ -645,6 +644,39 @@ class AgentConnection(BaseProtocol):
             self._next_request()
         else:
             self._start_head(self._loop.time(), idle=True)
+
+    async def _answer(self, request: AgentRequest) -> web.StreamResponse | None:
+        """The route handler's answer, with the request's share of the memory budget and
+        counted in flight for the drain. A handler's bug gets the JSON 500 aiohttp's path
+        gives it (guard.py's handle_error), unless its answer had begun: then None, and the
+        connection closes with what was sent."""
+        guard = self._guard
+        task = asyncio.current_task()
+        assert task is not None
+        guard.serving(task, self)
+        held = None
+        if guard.budget is not None:
+            self.hold = hold = Hold(guard.budget)
+            held = HOLD.set(hold)
+        try:
+            return await self._app[ROUTE_HANDLER](request)
+        except Exception as exc:  # the envelope answers every failure it knows
+            log.exception("request_failed", exc_info=exc)
+            if request._writer is not None and request._writer.output_size > 0:
+                self._close_after = True
+                return None
+            response = error_response(
+                InternalError(
+                    "the proxy failed on this request (a bug, logged with its traceback); try again"
+                ),
+                os.urandom(16).hex(),
+            )
+            response.force_close()
+            return response
+        finally:
+            guard.done_serving(task)
+            if held is not None:
+                HOLD.reset(held)
 
     async def _finish(self, request: AgentRequest, response: web.StreamResponse) -> bool:
         """Write a whole answer (a streamed one has written itself); whether the connection
@@ -678,6 +710,8 @@ class AgentConnection(BaseProtocol):
         empty = must_be_empty_body(method, status)
         if empty:
             headers.popall("Transfer-Encoding", None)
+            if should_remove_content_length(method, status):
+                headers.popall("Content-Length", None)
         elif body and "Content-Type" not in headers:
             headers["Content-Type"] = "application/octet-stream"
         if "Date" not in headers:
@@ -729,6 +763,10 @@ class AgentConnection(BaseProtocol):
         `idle`, waits client_keepalive_timeout for its first byte), the whole of it by
         request_timeout."""
         limits = self._guard.limits
+        for timer in (self._head_timer, self._idle_timer):
+            if timer is not None:
+                timer.cancel()
+        self._head_timer = self._idle_timer = None
         if idle:
             self._idle_timer = self._loop.call_at(
                 began + limits.client_keepalive_timeout, self._close
@@ -737,8 +775,6 @@ class AgentConnection(BaseProtocol):
         self._head_began = began
         self._request_deadline = began + limits.request_timeout
         due = min(limits.header_timeout, limits.request_timeout)
-        if self._head_timer is not None:
-            self._head_timer.cancel()
         self._head_timer = self._loop.call_at(began + due, self._head_late)
 
     def _head_late(self) -> None:
@@ -780,6 +816,7 @@ class AgentConnection(BaseProtocol):
         self._buffer.clear()
         if self._buffer_paused:
             self._resume_reading_for_buffer()
+        self.transport = None  # aiohttp's from here: nothing of this protocol touches it
         self._guard.hand_over(transport, self._peer, self._head_began, data)
 
 

@@ -12,7 +12,7 @@ from typing import Any
 import pytest
 
 from proxy.guard import ClientConnection, GuardedServer
-from testkit.fakevendor import FakeVendor
+from testkit.fakevendor import FakeVendor, Fault
 from tests.conftest import route
 
 OPEN_S = 5.0  # far past any answer here; a test that waits this long has failed
@@ -260,4 +260,88 @@ async def test_the_request_id_and_forwarded_headers_reach_the_vendor(vendor, sta
     assert sent["X-Request-Id"] == "front-1"
     assert sent["X-Forwarded-For"] == "10.0.0.1, 127.0.0.1"
     assert sent["X-Forwarded-Host"] == "proxy" and sent["X-Forwarded-Proto"] == "http"
+    raw.close()
+
+
+async def test_pipelined_requests_outlasting_the_keepalive_timeout_are_all_answered(
+    vendor, start_proxy
+):
+    # The idle timer armed after the first answer must not close the connection while the
+    # pipelined second request is being served.
+    client = await start_proxy(one_route(vendor, client_keepalive_timeout="200ms"))
+    vendor.script(Fault.ok(), Fault.hang(0.6))
+    raw = await Raw.to(client)
+    await raw.send(post("/v/echo", b"1") + post("/v/echo", b"2"))
+    first, second = await raw.answer(), await raw.answer()
+    assert echoed(first[2])["body"] == "1" and echoed(second[2])["body"] == "2"
+    raw.close()
+
+
+async def test_a_connection_handed_over_after_pipelining_keeps_no_timer_of_the_front(
+    vendor, start_proxy
+):
+    client = await start_proxy(one_route(vendor, client_keepalive_timeout="300ms"))
+    raw = await Raw.to(client)
+    await raw.send(post("/v/echo", b"1") + post("/v/echo", b"2"))
+    await raw.answer(), await raw.answer()
+    await raw.send(b"GET /healthz HTTP/1.1\r\nHost: p\r\n\r\n")  # aiohttp's from here
+    assert (await raw.answer())[0] == 200
+    for _ in range(3):  # requests a little apart, each within aiohttp's keep-alive
+        await asyncio.sleep(0.2)
+        await raw.send(post("/v/echo", b"3"))
+        assert (await raw.answer())[0] == 200
+    raw.close()
+
+
+@pytest.mark.parametrize(
+    "head",
+    [
+        b"POST /v/echo HTTP/1.1\r\nHost: p\r\nX-Big: " + b"a" * 12_000 + b"\r\n",
+        b"POST /v/echo HTTP/1.1\r\nHost: p\r\n" + b"".join(b"X-%d: 1\r\n" % i for i in range(200)),
+        b"POST /v/echo HTTP/1.1\r\nHost: p\r\nContent-Type: a/b\r\nContent-Type: c/d\r\n",
+        b"POST /v/echo HTTP/1.1\r\nHost: p\r\nHost: q\r\n",
+    ],
+    ids=["long field", "many headers", "two content types", "two hosts"],
+)
+async def test_heads_past_aiohttps_limits_get_its_400_and_reach_no_vendor(
+    vendor, start_proxy, head: bytes
+):
+    client = await start_proxy(one_route(vendor))
+    raw = await Raw.to(client)
+    await raw.send(head + b"Content-Length: 2\r\n\r\n{}")
+    status, _, body = await raw.answer()
+    assert status == 400 and json.loads(body)["error"]["type"] == "bad_request"
+    assert vendor.count() == 0
+    raw.close()
+
+
+async def test_a_head_with_bare_lf_line_ends_is_answered_at_once(vendor, start_proxy):
+    client = await start_proxy(one_route(vendor, header_timeout="30s"))
+    raw = await Raw.to(client)
+    await raw.send(b"GET /v/echo HTTP/1.1\nHost: p\n\n")
+    async with asyncio.timeout(2):  # not after header_timeout
+        status, _, _ = await raw.answer()
+    assert status == 400 and vendor.count() == 0
+    raw.close()
+
+
+async def test_header_values_reach_the_vendor_without_trailing_whitespace(vendor, start_proxy):
+    client = await start_proxy(one_route(vendor))
+    raw = await Raw.to(client)
+    await raw.send(post("/v/echo", b"{}", "X-Trail: abc \t "))
+    assert (await raw.answer())[0] == 200
+    assert vendor.last.headers["X-Trail"] == "abc"
+    raw.close()
+
+
+async def test_a_204_carries_no_content_length(vendor, start_proxy):
+    client = await start_proxy(one_route(vendor))
+    vendor.script(Fault.status(204, b""))
+    raw = await Raw.to(client)
+    await raw.send(post("/v/echo", b"{}"))
+    head = await raw.reader.readuntil(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 204 ") and b"content-length" not in head.lower()
+    await raw.send(post("/v/echo", b'{"next": 1}'))  # the connection is still in step
+    status, _, body = await raw.answer()
+    assert status == 200 and echoed(body)["body"] == '{"next": 1}'
     raw.close()
