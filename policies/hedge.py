@@ -18,7 +18,7 @@ from datetime import UTC, datetime
 from typing import Any, Literal
 
 from policies.backoff import RetryBudget
-from policies.core.clock import Clock
+from policies.core.clock import Cancellable, Clock
 from policies.core.errors import ProxyError, VendorFailure, seconds_text
 from policies.core.events import Events
 from policies.core.flow import Classifier, Flow, Handler, Reply, Trace, status_outcome
@@ -142,7 +142,7 @@ class Hedge:
 
 @dataclass(eq=False)
 class _Attempt:
-    task: asyncio.Task[Reply]
+    task: asyncio.Task[Reply] | None  # None: the round's first attempt, in the round's own task
     started: float
     hedge: bool
     provider: str | None = None  # the fallback route a hedge went to
@@ -151,7 +151,13 @@ class _Attempt:
 
 @dataclass(eq=False)
 class _Race:
-    """One round: the attempt, the hedges sent while nothing has answered, and the winner."""
+    """One round: the attempt, the hedges sent while nothing has answered, and the winner.
+
+    The first attempt runs in the round's own task, as it would without hedging (no task to
+    start, no wait to set up: most rounds send no hedge); hedges run in tasks of their own, sent
+    by a timer. A hedge that wins while the first attempt still runs interrupts it as
+    asyncio.timeout does: it cancels the round's task and the round turns that cancellation
+    into the hedge's answer, unless the task was cancelled from outside too."""
 
     policy: Hedge
     flow: Flow
@@ -160,42 +166,119 @@ class _Race:
     sent: int = 0  # hedges sent this round
     hedging: bool = True  # false once a hedge was refused: none follows this round
     failure: Reply | ProxyError | None = None  # the first attempt's, if it failed
+    winner: _Attempt | None = None
+    decided: bool = False  # the round has its answer (or failed): hedges ending now are dropped
+    first_running: bool = False
+    interrupted: bool = False  # a hedge won and cancelled the round's task
+    after: float = 0.0
+    task: asyncio.Task[Any] | None = None  # the round's own
+    timer: Cancellable | None = None  # when the next hedge is due
+    wake: asyncio.Future[None] | None = None  # the round waits on its hedges
 
     async def run(self) -> Reply:
         p = self.policy
         after = p.after()
         if after is None:
             return await self._alone()
-        started = p.clock.now()
-        self._start(self.call_next(self.flow), hedge=False)
-        timer: asyncio.Future[None] | None = None
+        self.after, self.task = after, asyncio.current_task()
+        first = _Attempt(None, p.clock.now(), hedge=False)
+        self.attempts.append(first)
+        self._arm()
+        answered = False
         try:
-            while True:
-                running = {a.task for a in self.attempts if not a.task.done()}
-                if self.hedging and self.sent < p.config.max_extra:
-                    due = started + (self.sent + 1) * after
-                    timer = p.clock.timer(due - p.clock.now())
-                done, _ = await asyncio.wait(
-                    running if timer is None else running | {timer},
-                    return_when=asyncio.FIRST_COMPLETED,
-                )
-                winner = self._settle([a for a in self.attempts if a.task in done])
-                if winner is not None:
-                    return self._won(winner)
-                if all(a.task.done() for a in self.attempts):
-                    return self._no_winner()  # failed before its hedge was due: a retry's turn
-                if timer is not None:
-                    if timer in done:
-                        self._hedge()
-                    else:
-                        timer.cancel()
-                    timer = None
+            reply = await self._round(first)
+            answered = True
+            return reply
         finally:
-            if timer is not None:
-                timer.cancel()
+            self.decided = True
+            if self.timer is not None:
+                self.timer.cancel()
+            if not answered and self.winner is not None and self.winner.task is not None:
+                self.winner.task.result().discard()  # cancelled from outside after it won
             await self._cancel_rest()
             if self.flow.trace.hedges:
                 self.flow.trace.reply_headers["X-Proxy-Hedges"] = str(self.flow.trace.hedges)
+
+    async def _round(self, first: _Attempt) -> Reply:
+        p = self.policy
+        self.first_running = True
+        try:
+            reply = await self.call_next(self.flow)
+        except asyncio.CancelledError:
+            self.first_running = False
+            task = self.task
+            if not self.interrupted or task is None or task.uncancel() > 0:
+                raise  # cancelled from outside (the agent left, shutdown, a deadline)
+            assert self.winner is not None
+            self._observe(first, cut=True)  # cut short by the hedge's win
+            return self._won(self.winner)
+        except ProxyError as exc:
+            self.first_running = False
+            self._lost(first, exc, exc.outcome if isinstance(exc, VendorFailure) else None)
+        else:
+            self.first_running = False
+            outcome = p.classify(reply)
+            if not outcome.is_vendor_failure:
+                if outcome in (Outcome.OK, Outcome.EMPTY):
+                    self._observe(first, cut=False)
+                return reply
+            self._lost(first, reply, outcome)
+        # The first attempt failed: a hedge still running may answer yet.
+        while self.winner is None and any(
+            a.task is not None and not a.task.done() for a in self.attempts
+        ):
+            self.wake = asyncio.get_running_loop().create_future()
+            await self.wake
+        if self.winner is not None:
+            return self._won(self.winner)
+        return self._no_winner()  # failed before its hedge was due: a retry's turn
+
+    def _arm(self) -> None:
+        """Set the timer of the next hedge, if one may follow."""
+        p = self.policy
+        if self.decided or not self.hedging or self.sent >= p.config.max_extra:
+            return
+        due = self.attempts[0].started + (self.sent + 1) * self.after
+        self.timer = p.clock.later(due - p.clock.now(), self._due)
+
+    def _due(self) -> None:
+        self.timer = None
+        if self.decided:
+            return
+        if self.winner is None and (
+            self.first_running
+            or any(a.task is not None and not a.task.done() for a in self.attempts)
+        ):
+            self._hedge()
+            self._arm()
+
+    def _ended(self, attempt: _Attempt, task: asyncio.Task[Reply]) -> None:
+        """A hedge ended: it wins if it is the first usable answer; else it is dropped."""
+        if task.cancelled():
+            return  # cancelled by the round (`_cancel_rest` counts it)
+        p = self.policy
+        exc = task.exception()
+        if isinstance(exc, ProxyError):
+            self._lost(attempt, exc, exc.outcome if isinstance(exc, VendorFailure) else None)
+        elif exc is not None:
+            self._lost(attempt, ProxyError(str(exc)), None)
+        else:
+            reply = task.result()
+            outcome = reply.outcome if attempt.provider is not None else p.classify(reply)
+            if (
+                self.decided
+                or self.winner is not None
+                or outcome is None
+                or (outcome.is_vendor_failure)
+            ):
+                self._lost(attempt, reply, outcome)
+            else:
+                self.winner = attempt
+                if self.first_running and self.task is not None:
+                    self.interrupted = True
+                    self.task.cancel()  # the first attempt's wait ends here: see `_round`
+        if self.wake is not None and not self.wake.done():
+            self.wake.set_result(None)
 
     async def _alone(self) -> Reply:
         """The attempt without a hedge (nothing to time it against yet), timed for the window."""
@@ -223,7 +306,9 @@ class _Race:
     ) -> None:
         task = asyncio.ensure_future(work)
         now = self.policy.clock.now()
-        self.attempts.append(_Attempt(task, now, hedge, provider, dropped or []))
+        attempt = _Attempt(task, now, hedge, provider, dropped or [])
+        self.attempts.append(attempt)
+        task.add_done_callback(lambda done: self._ended(attempt, done))
 
     def _hedge(self) -> None:
         """Send the next hedge, if the deadline, the target and the budgets allow."""
@@ -289,27 +374,6 @@ class _Race:
         self.hedging = False
         self.policy.events.hedge(self.policy.route, "refused")
 
-    def _settle(self, ended: list[_Attempt]) -> _Attempt | None:
-        """Look at the attempts that just ended, in the order they were sent: the first answer
-        that is no vendor failure wins; the others' answers are dropped."""
-        p = self.policy
-        winner: _Attempt | None = None
-        for attempt in ended:
-            try:
-                reply = attempt.task.result()
-            except ProxyError as exc:
-                outcome = exc.outcome if isinstance(exc, VendorFailure) else None
-                self._lost(attempt, exc, outcome)
-                continue
-            outcome = reply.outcome if attempt.provider is not None else p.classify(reply)
-            if winner is None and outcome is not None and not outcome.is_vendor_failure:
-                winner = attempt
-                if not attempt.hedge and outcome in (Outcome.OK, Outcome.EMPTY):
-                    self._observe(attempt, cut=False)
-            else:
-                self._lost(attempt, reply, outcome)
-        return winner
-
     def _lost(
         self, attempt: _Attempt, failure: Reply | ProxyError, outcome: Outcome | None
     ) -> None:
@@ -339,9 +403,8 @@ class _Race:
 
     def _won(self, winner: _Attempt) -> Reply:
         p = self.policy
+        assert winner.task is not None  # the first attempt's answer returns in `_round`
         reply = winner.task.result()
-        if not winner.hedge:
-            return reply
         p.events.hedge(p.route, "won")
         first = self.failure
         if first is not None:  # the first attempt failed before the hedge won: count it
@@ -367,21 +430,17 @@ class _Race:
         raise first
 
     async def _cancel_rest(self) -> None:
-        """Cancel what still runs and wait for it to let go of its connection."""
+        """Cancel the hedges still running and wait for them to let go of their connections."""
         p = self.policy
-        running = [a for a in self.attempts if not a.task.done()]
-        for attempt in running:
-            attempt.task.cancel()
+        running = [a.task for a in self.attempts if a.task is not None and not a.task.done()]
+        for task in running:
+            task.cancel()
         if running:
-            await asyncio.wait([a.task for a in running])
-        for attempt in running:
-            task = attempt.task
+            await asyncio.wait(running)
+        for task in running:
             if not task.cancelled() and task.exception() is None:
                 task.result().discard()  # it answered while being cancelled
-            if attempt.hedge:
-                p.events.hedge(p.route, "cancelled")
-            else:
-                self._observe(attempt, cut=True)
+            p.events.hedge(p.route, "cancelled")
         if self.failure is not None and isinstance(self.failure, Reply):
             self.failure.discard()  # a hedge won: the first attempt's failed answer goes
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from prometheus_client import (
     CollectorRegistry,
@@ -112,6 +113,7 @@ class Metrics:
     """Every metric the proxy exports; also the `policies.core.events.Events` implementation."""
 
     def __init__(self) -> None:
+        self._children: dict[tuple[int, tuple[Any, ...]], Any] = {}
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
         self.requests = Counter(
@@ -393,6 +395,16 @@ class Metrics:
         ProcessCollector(registry=r)
         self.routes: dict[str, RouteMetrics] = {}
 
+    def _child(self, metric: Any, *values: Any) -> Any:
+        """`metric.labels(*values)`, found once: prometheus-client's labels() checks the values
+        and takes a lock on every call, and an event is counted on every request. Label values
+        come from bounded sets (routes, outcomes, reasons) and no child is ever removed."""
+        key = (id(metric), values)
+        child = self._children.get(key)
+        if child is None:
+            child = self._children[key] = metric.labels(*values)
+        return child
+
     def route(self, name: str) -> RouteMetrics:
         """The bound per-route metrics, created when the route is first built."""
         bound = self.routes.get(name)
@@ -433,59 +445,59 @@ class Metrics:
     # -- policies.core.events.Events ---------------------------------------------------------------
 
     def attempt(self, route: str, outcome: Outcome) -> None:
-        self.upstream_attempts.labels(route, outcome).inc()
+        self._child(self.upstream_attempts, route, outcome).inc()
 
     def retry(self, route: str, reason: str) -> None:
-        self.retries.labels(route, reason).inc()
+        self._child(self.retries, route, reason).inc()
 
     def budget_exhausted(self, route: str) -> None:
-        self.retry_budget_exhausted.labels(route).inc()
+        self._child(self.retry_budget_exhausted, route).inc()
 
     def ratelimit(self, route: str, decision: str, waited_s: float) -> None:
-        self.ratelimit_decisions.labels(route, decision).inc()
+        self._child(self.ratelimit_decisions, route, decision).inc()
         if decision == "delayed":
-            self.ratelimit_wait.labels(route).observe(waited_s)
+            self._child(self.ratelimit_wait, route).observe(waited_s)
 
     def buckets(self, route: str, held: int, evicted: int) -> None:
-        self.ratelimit_buckets.labels(route).set(held)
+        self._child(self.ratelimit_buckets, route).set(held)
         if evicted:
-            self.ratelimit_buckets_evicted.labels(route).inc(evicted)
+            self._child(self.ratelimit_buckets_evicted, route).inc(evicted)
 
     def breaker_transition(self, route: str, state: str) -> None:
-        self.breaker_state.labels(route).set(BREAKER_STATES.get(state, 0))
-        self.breaker_transitions.labels(route, state).inc()
+        self._child(self.breaker_state, route).set(BREAKER_STATES.get(state, 0))
+        self._child(self.breaker_transitions, route, state).inc()
         self.open_time.transition(route, state)
 
     def breaker_probe(self, route: str, result: str) -> None:
-        self.breaker_probes.labels(route, result).inc()
+        self._child(self.breaker_probes, route, result).inc()
 
     def cache(self, route: str, result: str) -> None:
-        self.cache_results.labels(route, result).inc()
+        self._child(self.cache_results, route, result).inc()
 
     def coalesced(self, route: str) -> None:
-        self.coalesced_requests.labels(route).inc()
+        self._child(self.coalesced_requests, route).inc()
 
     def search_variant(self, route: str, outcome: str) -> None:
-        self.search_variants.labels(route, outcome).inc()
+        self._child(self.search_variants, route, outcome).inc()
 
     def failover(self, route: str, provider: str, result: str) -> None:
-        self.failovers.labels(route, provider, result).inc()
+        self._child(self.failovers, route, provider, result).inc()
 
     def hedge(self, route: str, result: str) -> None:
-        self.hedges.labels(route, result).inc()
+        self._child(self.hedges, route, result).inc()
 
     def key_call(self, route: str, key: str, result: str) -> None:
-        self.key_calls.labels(route, key, result).inc()
+        self._child(self.key_calls, route, key, result).inc()
 
     def keys_benched(self, route: str) -> None:
-        self.keys_benched_total.labels(route).inc()
+        self._child(self.keys_benched_total, route).inc()
 
     def fault(self, route: str, fault: str, at: str) -> None:
-        self.faults.labels(route, fault, at).inc()
+        self._child(self.faults, route, fault, at).inc()
 
     def stream_cut(self, route: str, reason: str) -> None:
         """A streamed answer was cut mid-way; `reason` is an error type or the agent's side."""
-        self.stream_cuts.labels(route, reason).inc()
+        self._child(self.stream_cuts, route, reason).inc()
 
     def redis_state(self, up: bool) -> None:
         self.redis_up.set(1 if up else 0)

@@ -7,6 +7,7 @@ import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
 
+import orjson
 import pytest
 from multidict import CIMultiDict
 from redis.asyncio import Redis
@@ -29,7 +30,14 @@ from policies.cache import (
     request_directives,
 )
 from policies.cache import key as key_module
-from policies.cache.key import MAX_CANONICAL_DEPTH, MEMO_BODY_BYTES, MEMO_ENTRIES
+from policies.cache.key import (
+    MAX_CANONICAL_DEPTH,
+    MEMO_BODY_BYTES,
+    MEMO_ENTRIES,
+    MISSING,
+    _canonical,
+    _plain_canonical,
+)
 from policies.core.clock import SYSTEM_CLOCK, Clock, ManualClock
 from policies.core.errors import (
     BadRequest,
@@ -298,6 +306,33 @@ def test_json_nested_past_the_canonical_depth_counts_byte_for_byte(depth: int) -
     assert key(body) == key(body)
     assert key(body) != key(body.replace(b'"x"', b'"y"'))
     assert key(body) != key(body.replace(b", ", b","))  # no canonical form this deep
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"query": "rust   async", "max_results": 5, "include_domains": ["a.com"]}',
+        b'{"q": "  spaced out ", "num": 10}',
+        b'{"query": "x", "q": "y  z", "n": null, "f": 1.5, "t": true}',
+        b'[1, 2, {"a": "b"}]',
+        b'{"nested": {"deep": ["plain", 1]}}',
+        b'"just a string"',
+        # Each of these the short way refuses and the walk reads (the same either way):
+        b'{"query": "caf\\u00e9  au lait"}',
+        '{"query": "café  au lait"}'.encode(),
+        b'{"outer": {"query": "nested   query"}}',
+        b'{"query": ["a  b", "c"]}',
+        b'{"field": "q", "query": "x  y"}',
+        b'{"query": 5}',
+    ],
+)
+def test_the_short_canonical_form_is_the_walks(body: bytes) -> None:
+    short = _plain_canonical(body)
+    walked = _canonical(orjson.loads(body))
+    assert short is MISSING or short == walked
+    if body.isascii() and b"\\u" not in body and b"query" not in body and b'"q"' not in body:
+        assert short is not MISSING  # the usual body takes the short way
+    assert key(body) == key(orjson.dumps(walked))  # and keys as its canonical form does
 
 
 def test_json_at_the_canonical_depth_is_still_canonical() -> None:

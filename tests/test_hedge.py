@@ -306,6 +306,69 @@ async def test_a_first_attempt_that_fails_while_a_hedge_runs_waits_for_the_hedge
     assert vendor.released == 1  # the failed answer's connection was given back
 
 
+async def test_a_winning_hedge_interrupts_the_first_attempt_and_leaves_no_cancel_behind() -> None:
+    # The first attempt runs in the round's own task: the hedge's win cancels it there, and
+    # the round takes that cancellation as the hedge's answer, not as its own end.
+    clock = ManualClock()
+    events = Recorder()
+    vendor = Vendor(HELD, HELD)
+
+    async def round_then_more() -> tuple[Reply, int]:
+        reply = await compose([make_hedge(clock, events)], vendor)(make_flow(clock))
+        await asyncio.sleep(0)  # the task goes on, with no cancellation left pending
+        task = asyncio.current_task()
+        assert task is not None
+        return reply, task.cancelling()
+
+    task = asyncio.ensure_future(round_then_more())
+    await settle()
+    won = answer(results=4)
+    vendor.answer(1, won)
+    reply, cancelling = await task
+    assert reply is won and cancelling == 0
+    assert vendor.cancelled == 1 and events.hedges == ["won"]
+
+
+async def test_a_round_cancelled_from_outside_cancels_its_hedges_and_ends_cancelled() -> None:
+    clock = ManualClock()
+    events = Recorder()
+    vendor = Vendor(HELD, HELD)
+    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    await settle()
+    assert vendor.calls == 2
+    task.cancel()  # the agent left
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert vendor.cancelled == 2 and events.hedges == ["cancelled"]
+
+
+async def test_cancelled_from_outside_as_a_hedge_wins_the_round_still_ends_cancelled() -> None:
+    clock = ManualClock()
+    events = Recorder()
+    vendor = Vendor(HELD, HELD)
+    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    await settle()
+    vendor.answer(1, answer())  # the hedge wins ...
+    task.cancel()  # ... as the agent leaves: its cancellation is not the round's to take
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert vendor.released == 1  # the winner's connection given back all the same
+
+
+async def test_a_round_cancelled_before_its_hedge_is_due_sends_none() -> None:
+    clock = ManualClock()
+    events = Recorder()
+    vendor = Vendor(HELD)
+    hedge = make_hedge(clock, events, after_s=5.0)
+    task = asyncio.ensure_future(compose([hedge], vendor)(make_flow(clock)))
+    await asyncio.sleep(0)
+    task.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    await settle()  # the hedge's timer, cancelled with the round, sends nothing later
+    assert vendor.calls == 1 and events.hedges == []
+
+
 async def test_when_every_attempt_fails_the_round_ends_as_the_first_did() -> None:
     clock = ManualClock()
     events = Recorder()
@@ -638,3 +701,28 @@ async def test_a_race_timer_on_a_manual_clock_is_its_sleep() -> None:
     clock = ManualClock()
     await clock.timer(2.5)
     assert clock.sleeps == [2.5]
+
+
+async def test_a_later_call_on_the_system_clock_is_a_loop_timer_that_cancels_quietly() -> None:
+    """The hedge's timer: no task and no future, so a round its first attempt wins (nearly
+    all) cancels it without scheduling anything."""
+    loop = asyncio.get_running_loop()
+    tasks_before = len(asyncio.all_tasks())
+    fired = asyncio.Event()
+    handle = SYSTEM_CLOCK.later(0.001, fired.set)
+    assert isinstance(handle, asyncio.TimerHandle)
+    assert len(asyncio.all_tasks()) == tasks_before
+    await asyncio.wait_for(fired.wait(), 5)
+    called: list[int] = []
+    late = SYSTEM_CLOCK.later(3600, lambda: called.append(1))
+    ready = len(loop._ready)  # type: ignore[attr-defined]
+    late.cancel()
+    assert late.cancelled() and len(loop._ready) == ready  # type: ignore[attr-defined]
+    assert called == []
+
+
+async def test_a_later_call_on_a_manual_clock_is_its_sleep() -> None:
+    clock = ManualClock()
+    called: list[float] = []
+    await clock.later(1.5, lambda: called.append(clock.now()))  # type: ignore[misc]
+    assert clock.sleeps == [1.5] and called == [clock.now()]

@@ -19,6 +19,7 @@ from policies.cache.entry import MCP_SESSION
 from policies.core.credentials import CREDENTIAL_NAMES, is_credential_name
 
 _QUERY_FIELDS = frozenset({"query", "q"})
+MISSING: Any = object()
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,13 +162,43 @@ def _body_part(
     return found[0], list(found[1])
 
 
+def _plain_canonical(body: bytes) -> Any:
+    """`_canonical(orjson.loads(body))` without the walk, for the usual search body: ASCII with
+    no escaped character (every string is NFC already), shallow, and whatever `query`/`q` it
+    names a top-level text field (the only strings the walk would change). MISSING when the
+    body is not such a body: the walk decides then."""
+    if (
+        not body.isascii()
+        or b"\\u" in body
+        or body.count(b"[") + body.count(b"{") > MAX_CANONICAL_DEPTH
+    ):
+        return MISSING
+    data = orjson.loads(body)
+    named = body.count(b'"query"') + body.count(b'"q"')
+    if not named:
+        return data
+    if not isinstance(data, dict):
+        return MISSING
+    for field in _QUERY_FIELDS:
+        if field in data:
+            value = data[field]
+            if not isinstance(value, str):
+                return MISSING
+            data[field] = " ".join(value.split())
+            named -= 1
+    # Named anywhere else (deeper, or as a value), the walk decides.
+    return data if named == 0 else MISSING
+
+
 def _read_body_part(
     body: bytes, ignored: tuple[str, ...], known: frozenset[str]
 ) -> tuple[bytes, list[str]]:
     if not body:
         return b"", []
     try:
-        data = _canonical(orjson.loads(body))
+        data = _plain_canonical(body)
+        if data is MISSING:
+            data = _canonical(orjson.loads(body))
     except (orjson.JSONDecodeError, _TooDeep):
         return b"r" + body, []
     credentials: list[str] = []

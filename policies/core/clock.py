@@ -4,7 +4,12 @@ from __future__ import annotations
 
 import asyncio
 import time
+from collections.abc import Callable
 from typing import Protocol
+
+
+class Cancellable(Protocol):
+    def cancel(self) -> object: ...
 
 
 class Clock(Protocol):
@@ -23,6 +28,10 @@ class Clock(Protocol):
     def timer(self, seconds: float) -> asyncio.Future[None]:
         """A future done `seconds` from now, to race against other work (`asyncio.wait`);
         cancelled by whoever no longer waits for it."""
+        ...
+
+    def later(self, seconds: float, callback: Callable[[], object]) -> Cancellable:
+        """Call `callback` `seconds` from now, unless cancelled first."""
         ...
 
 
@@ -51,6 +60,10 @@ class SystemClock:
         done.add_done_callback(lambda _: handle.cancel())
         return done
 
+    def later(self, seconds: float, callback: Callable[[], object]) -> Cancellable:
+        # A loop timer: cancelling it schedules nothing (a future's callbacks would run).
+        return asyncio.get_running_loop().call_later(max(0.0, seconds), callback)
+
 
 class ManualClock:
     """A clock that only moves when told to; `sleep` advances it at once and records the wait, and
@@ -77,6 +90,13 @@ class ManualClock:
 
     def timer(self, seconds: float) -> asyncio.Future[None]:
         return asyncio.ensure_future(self.sleep(seconds))
+
+    def later(self, seconds: float, callback: Callable[[], object]) -> Cancellable:
+        async def fire() -> None:
+            await self.sleep(seconds)
+            callback()
+
+        return asyncio.ensure_future(fire())
 
 
 def _set_done(done: asyncio.Future[None]) -> None:
