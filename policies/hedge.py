@@ -17,6 +17,8 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any, Literal
 
+import structlog
+
 from policies.backoff import RetryBudget
 from policies.core.clock import Cancellable, Clock
 from policies.core.errors import ProxyError, VendorFailure, seconds_text
@@ -39,6 +41,8 @@ from policies.core.settings import (
 from policies.latency import LatencyWindow
 from policies.profiles import VendorProfile, request_query
 from policies.providers import Answer, Search, answered_by, ask, read_search, skipped, translated
+
+log = structlog.get_logger("search_proxy")
 
 # The shortest delay `after: auto` uses: below it a hedge is noise, not a rescue.
 MIN_AFTER_S = 0.001
@@ -147,6 +151,13 @@ class _Attempt:
     hedge: bool
     provider: str | None = None  # the fallback route a hedge went to
     dropped: list[str] = field(default_factory=list)  # options that fallback could not honour
+    # A hedge's end was looked at (`_Race._ended`: a callback, a loop step after its task
+    # ended), or the round cancelled it: it counts as running until then.
+    settled: bool = False
+
+    @property
+    def running(self) -> bool:
+        return self.task is not None and not self.settled
 
 
 @dataclass(eq=False)
@@ -208,6 +219,7 @@ class _Race:
             self.first_running = False
             task = self.task
             if not self.interrupted or task is None or task.uncancel() > 0:
+                self._observe(first, cut=True)  # as slow as this, at least
                 raise  # cancelled from outside (the agent left, shutdown, a deadline)
             assert self.winner is not None
             self._observe(first, cut=True)  # cut short by the hedge's win
@@ -223,10 +235,9 @@ class _Race:
                     self._observe(first, cut=False)
                 return reply
             self._lost(first, reply, outcome)
-        # The first attempt failed: a hedge still running may answer yet.
-        while self.winner is None and any(
-            a.task is not None and not a.task.done() for a in self.attempts
-        ):
+        # The first attempt failed: a hedge still running may answer yet (one that ended this
+        # very step is looked at first: its callback has not run yet).
+        while self.winner is None and any(a.running for a in self.attempts):
             self.wake = asyncio.get_running_loop().create_future()
             await self.wake
         if self.winner is not None:
@@ -243,42 +254,52 @@ class _Race:
 
     def _due(self) -> None:
         self.timer = None
-        if self.decided:
+        if self.decided or self.winner is not None:
             return
-        if self.winner is None and (
-            self.first_running
-            or any(a.task is not None and not a.task.done() for a in self.attempts)
-        ):
-            self._hedge()
+        if self.first_running or any(a.running for a in self.attempts):
+            try:
+                self._hedge()
+            except Exception:  # a bug: this round goes on without hedges, and says so
+                log.exception("hedge_failed", route=self.policy.route)
+                self.hedging = False
+                return
             self._arm()
 
     def _ended(self, attempt: _Attempt, task: asyncio.Task[Reply]) -> None:
         """A hedge ended: it wins if it is the first usable answer; else it is dropped."""
+        if attempt.settled:  # cancelled by the round (`_cancel_rest` counts it)
+            if not task.cancelled() and task.exception() is None:
+                task.result().discard()  # it answered while being cancelled
+            return
+        attempt.settled = True
+        try:
+            self._judge(attempt, task)
+        except Exception:  # a bug: the hedge counts as lost, the round goes on
+            log.exception("hedge_failed", route=self.policy.route)
+        finally:
+            if self.wake is not None and not self.wake.done():
+                self.wake.set_result(None)
+
+    def _judge(self, attempt: _Attempt, task: asyncio.Task[Reply]) -> None:
         if task.cancelled():
-            return  # cancelled by the round (`_cancel_rest` counts it)
+            return
         p = self.policy
         exc = task.exception()
         if isinstance(exc, ProxyError):
             self._lost(attempt, exc, exc.outcome if isinstance(exc, VendorFailure) else None)
-        elif exc is not None:
+            return
+        if exc is not None:
             self._lost(attempt, ProxyError(str(exc)), None)
-        else:
-            reply = task.result()
-            outcome = reply.outcome if attempt.provider is not None else p.classify(reply)
-            if (
-                self.decided
-                or self.winner is not None
-                or outcome is None
-                or (outcome.is_vendor_failure)
-            ):
-                self._lost(attempt, reply, outcome)
-            else:
-                self.winner = attempt
-                if self.first_running and self.task is not None:
-                    self.interrupted = True
-                    self.task.cancel()  # the first attempt's wait ends here: see `_round`
-        if self.wake is not None and not self.wake.done():
-            self.wake.set_result(None)
+            return
+        reply = task.result()
+        outcome = reply.outcome if attempt.provider is not None else p.classify(reply)
+        if self.decided or self.winner is not None or outcome is None or outcome.is_vendor_failure:
+            self._lost(attempt, reply, outcome)
+            return
+        self.winner = attempt
+        if self.first_running and self.task is not None:
+            self.interrupted = True
+            self.task.cancel()  # the first attempt's wait ends here: see `_round`
 
     async def _alone(self) -> Reply:
         """The attempt without a hedge (nothing to time it against yet), timed for the window."""
@@ -432,9 +453,12 @@ class _Race:
     async def _cancel_rest(self) -> None:
         """Cancel the hedges still running and wait for them to let go of their connections."""
         p = self.policy
-        running = [a.task for a in self.attempts if a.task is not None and not a.task.done()]
-        for task in running:
-            task.cancel()
+        running = []
+        for attempt in self.attempts:
+            if attempt.running and attempt.task is not None:
+                attempt.settled = True  # counted here as cancelled, not by `_ended`
+                attempt.task.cancel()
+                running.append(attempt.task)
         if running:
             await asyncio.wait(running)
         for task in running:

@@ -140,22 +140,27 @@ class KeyPool:
             self.events.key_call(self.route, self.ids[index], bench[1] if bench else "used")
             if bench is None:
                 return reply
-            if not flow.context.fault_test:  # an injected fault benches no key
-                await self.benched.mark(self._names[index], bench[0], bench[1])
-                log.info(
-                    "key_benched",
-                    route=self.route,
-                    key=self.ids[index],
-                    reason=bench[1],
-                    seconds=round(bench[0], 3),
-                )
-            tried.add(index)
-            more, soonest = await self._free(start, tried)
+            try:
+                if not flow.context.fault_test:  # an injected fault benches no key
+                    await self.benched.mark(self._names[index], bench[0], bench[1])
+                    log.info(
+                        "key_benched",
+                        route=self.route,
+                        key=self.ids[index],
+                        reason=bench[1],
+                        seconds=round(bench[0], 3),
+                    )
+                tried.add(index)
+                more, soonest = await self._free(start, tried)
+                spent = more is None and bench[1] != RATE_LIMITED and await self._all_spent()
+            except BaseException:
+                reply.discard()  # cancelled meanwhile: its connection goes back
+                raise
             calls = flow.context.calls  # the re-send is one more vendor call of the request
             if more is not None and (calls is None or calls.spend()):
                 reply.discard()
                 continue
-            if more is not None or bench[1] == RATE_LIMITED or await self._all_spent():
+            if more is not None or bench[1] == RATE_LIMITED or spent:
                 # The vendor's own answer goes up as is: its pause (the limiter and the retry
                 # loop honour it), the last call allowed, or every key spent (failover benches
                 # the route as for one key).

@@ -464,7 +464,11 @@ class RateLimit:
         pause = 0.0 if flow.context.fault_test else self.pause_for(reply)
         if pause > 0:
             log.info("ratelimit_paused", route=self.route, seconds=round(pause, 3))
-            await self.store.pause(key, pause)
+            try:
+                await self.store.pause(key, pause)
+            except BaseException:
+                reply.discard()  # cancelled meanwhile: its connection goes back
+                raise
         return reply
 
     def pause_for(self, reply: Reply) -> float:

@@ -23,6 +23,7 @@ PREREAD_BYTES.
 from __future__ import annotations
 
 import asyncio
+import math
 import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
@@ -223,9 +224,9 @@ class AgentConnection(BaseProtocol):
         "_discarding",
         "_guard",
         "_head_began",
+        "_head_due",
         "_head_parser",
-        "_head_timer",
-        "_idle_timer",
+        "_idle_due",
         "_lingering",
         "_parsed",
         "_peer",
@@ -233,6 +234,8 @@ class AgentConnection(BaseProtocol):
         "_request_deadline",
         "_scanned",
         "_task",
+        "_timer",
+        "_timer_at",
         "cut",
         "hold",
         "remote",
@@ -247,8 +250,13 @@ class AgentConnection(BaseProtocol):
         self._admitted = False  # counted in the guard's connections (until handed over)
         self._peer: str | None = None  # counted against max_connections_per_peer
         self.remote: str | None = None
-        self._head_timer: asyncio.TimerHandle | None = None
-        self._idle_timer: asyncio.TimerHandle | None = None
+        # One timer for the head and idle limits, re-armed only when it fires early: most
+        # requests come whole in one read and need none of their own (a loop timer costs a few
+        # microseconds to set and cancel on uvloop).
+        self._timer: asyncio.TimerHandle | None = None
+        self._timer_at = math.inf
+        self._head_due = math.inf  # a request's head must be whole by then
+        self._idle_due = math.inf  # a kept-alive connection closes then unless a request came
         self._body_timer: asyncio.TimerHandle | None = None
         self._head_began = 0.0  # when the awaited request began (loop time)
         self._request_deadline = 0.0  # by then it must have arrived whole
@@ -287,7 +295,8 @@ class AgentConnection(BaseProtocol):
         self._peer = peer
         self.remote = peername[0] if isinstance(peername, tuple | list) and peername else None
         self._guard.agents.add(self)
-        self._start_head(self._loop.time())
+        self._expect_head(self._loop.time())
+        self._arm(self._head_due)  # a connection that sends nothing closes then
 
     def connection_lost(self, exc: BaseException | None) -> None:
         if self._admitted:  # else refused at accept: never counted
@@ -309,13 +318,13 @@ class AgentConnection(BaseProtocol):
             if len(self._buffer) > PIPELINED_BYTES and not self._buffer_paused:
                 self._pause_reading_for_buffer()
             return
-        if not self._buffer and self._idle_timer is not None:
+        if not self._buffer and self._idle_due < math.inf:
             # The first bytes of the next request on a kept-alive connection.
-            self._idle_timer.cancel()
-            self._idle_timer = None
-            self._start_head(self._loop.time())
+            self._expect_head(self._loop.time())
         self._buffer += data
         self._next_request()
+        if self._task is None and self._buffer and self.transport is not None:
+            self._arm(self._head_due)  # part of a head: due by header_timeout
 
     def eof_received(self) -> bool | None:
         return None  # as aiohttp's server: a half-closed connection closes
@@ -351,9 +360,7 @@ class AgentConnection(BaseProtocol):
             self._hand_over()
             return False
         del buffer[: end + 4]
-        if self._head_timer is not None:
-            self._head_timer.cancel()
-            self._head_timer = None
+        self._head_due = math.inf
         length = request.content_length or 0
         if route.replays is not None and length <= len(buffer) and self._replay(request, route):
             return True
@@ -362,11 +369,13 @@ class AgentConnection(BaseProtocol):
         self._preread = True
         self._discarding = length > self._guard.limits.max_body_bytes
         if length:
-            self._watch_body()
+            self._body_deadline = self._loop.time() + self._guard.limits.body_timeout
             if buffer:
                 rest = bytes(buffer)
                 buffer.clear()
                 self._feed_body(rest)
+            if self._body_left:  # not all in yet: its limits need a timer
+                self._watch_body()
         self._task = self._loop.create_task(self._serve(request))
         return False
 
@@ -435,7 +444,10 @@ class AgentConnection(BaseProtocol):
         if self._paused:  # the agent is not reading: wait for it in a task, as any answer
             self._task = self._loop.create_task(self._drained())
             return False
-        self._start_head(self._loop.time(), idle=not self._buffer)
+        if self._buffer:
+            self._expect_head(self._loop.time())
+        else:
+            self._go_idle(self._loop.time())
         return True
 
     async def _drained(self) -> None:
@@ -576,9 +588,6 @@ class AgentConnection(BaseProtocol):
         return parts[0] if len(parts) == 1 else b"".join(parts)
 
     def _watch_body(self) -> None:
-        now = self._loop.time()
-        limits = self._guard.limits
-        self._body_deadline = now + limits.body_timeout
         due = min(self._body_deadline, self._request_deadline)
         self._body_timer = self._loop.call_at(due, self._body_check)
 
@@ -639,11 +648,14 @@ class AgentConnection(BaseProtocol):
         at most client_keepalive_timeout), or start the one pipelined meanwhile."""
         if self._buffer_paused:
             self._resume_reading_for_buffer()
+        now = self._loop.time()
         if self._buffer:  # a pipelined request came meanwhile
-            self._start_head(self._loop.time())
+            self._expect_head(now)
             self._next_request()
+            if self._task is None and self._buffer and self.transport is not None:
+                self._arm(self._head_due)
         else:
-            self._start_head(self._loop.time(), idle=True)
+            self._go_idle(now)
 
     async def _answer(self, request: AgentRequest) -> web.StreamResponse | None:
         """The route handler's answer, with the request's share of the memory budget and
@@ -758,38 +770,58 @@ class AgentConnection(BaseProtocol):
 
     # ------------------------------------------------------------------ timers
 
-    def _start_head(self, began: float, *, idle: bool = False) -> None:
-        """A request may begin: its head is due by header_timeout (a kept-alive connection,
-        `idle`, waits client_keepalive_timeout for its first byte), the whole of it by
-        request_timeout."""
+    def _expect_head(self, began: float) -> None:
+        """A request began (a new connection, or the first bytes of the next one): its head is
+        due by header_timeout, the whole of it by request_timeout. The timer is armed for it
+        only if the head is not whole after this read (`_arm`)."""
         limits = self._guard.limits
-        for timer in (self._head_timer, self._idle_timer):
-            if timer is not None:
-                timer.cancel()
-        self._head_timer = self._idle_timer = None
-        if idle:
-            self._idle_timer = self._loop.call_at(
-                began + limits.client_keepalive_timeout, self._close
-            )
-            return
         self._head_began = began
         self._request_deadline = began + limits.request_timeout
-        due = min(limits.header_timeout, limits.request_timeout)
-        self._head_timer = self._loop.call_at(began + due, self._head_late)
+        self._head_due = began + min(limits.header_timeout, limits.request_timeout)
+        self._idle_due = math.inf
 
-    def _head_late(self) -> None:
-        self._head_timer = None
+    def _go_idle(self, now: float) -> None:
+        """Answered, kept alive: the next request's first byte is due by
+        client_keepalive_timeout."""
+        self._head_due = math.inf
+        self._idle_due = now + self._guard.limits.client_keepalive_timeout
+        self._arm(self._idle_due)
+
+    def _arm(self, due: float) -> None:
+        """The connection's timer fires by `due`: one set for later is moved earlier; one set
+        earlier stays (it finds nothing due, and sets itself again)."""
+        if self._timer is not None:
+            if self._timer_at <= due:
+                return
+            self._timer.cancel()
+        self._timer_at = due
+        self._timer = self._loop.call_at(due, self._tick)
+
+    def _tick(self) -> None:
+        """The head and idle limits: whichever the connection is waiting on now."""
+        self._timer, self._timer_at = None, math.inf
         if self.transport is None or self._task is not None:
-            return
-        if self._buffer:
-            self._guard.head_late(self.transport)
-        self._close()
+            return  # a request is served: its end sets what comes next
+        now = self._loop.time()
+        if self._head_due < math.inf:
+            if now < self._head_due:
+                self._arm(self._head_due)
+                return
+            if self._buffer:  # a head began and did not come whole in time
+                self._guard.head_late(self.transport)
+            self._close()
+        elif self._idle_due < math.inf:
+            if now < self._idle_due:
+                self._arm(self._idle_due)
+                return
+            self._close()
 
     def _cancel_timers(self) -> None:
-        for timer in (self._head_timer, self._idle_timer, self._body_timer):
+        for timer in (self._timer, self._body_timer):
             if timer is not None:
                 timer.cancel()
-        self._head_timer = self._idle_timer = self._body_timer = None
+        self._timer = self._body_timer = None
+        self._timer_at = math.inf
 
     # ------------------------------------------------------------------ ending
 

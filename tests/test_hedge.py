@@ -726,3 +726,66 @@ async def test_a_later_call_on_a_manual_clock_is_its_sleep() -> None:
     called: list[float] = []
     await clock.later(1.5, lambda: called.append(clock.now()))  # type: ignore[misc]
     assert clock.sleeps == [1.5] and called == [clock.now()]
+
+
+async def test_a_hedge_answering_as_the_first_attempt_fails_in_one_step_wins() -> None:
+    # Both answers in one loop step, the hedge's first: its task is done but its settling
+    # (a done callback) comes a step later; the round must not end with the first's failure.
+    clock = ManualClock()
+    events = Recorder()
+    vendor = Vendor(HELD, HELD)
+    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    await settle()
+    assert vendor.calls == 2
+    vendor.answer(1, answer(results=4))
+    vendor.answer(0, answer(503))
+    reply = await task
+    assert reply.status == 200 and events.hedges == ["won"]
+    assert events.attempts == [Outcome.SERVER_ERROR] and vendor.released == 1
+
+
+async def test_a_round_cancelled_from_outside_keeps_its_first_attempt_as_a_cut_sample() -> None:
+    clock = ManualClock()
+    events = Recorder()
+    window = LatencyWindow(clock)
+    for _ in range(40):
+        window.record(0.1)
+    before = window.samples()
+    vendor = Vendor(HELD, HELD)
+    hedge = make_hedge(clock, events, after_s="auto")
+    hedge.window = window
+    task = asyncio.ensure_future(compose([hedge], vendor)(make_flow(clock)))
+    await settle()
+    task.cancel()  # the agent left: the attempt was at least this slow
+    with pytest.raises(asyncio.CancelledError):
+        await task
+    assert window.samples() - before > 0.5
+
+
+async def test_a_hedge_answering_while_it_is_cancelled_counts_once_as_cancelled() -> None:
+    clock = ManualClock()
+    events = Recorder()
+    late = answer()
+    released: list[int] = []
+    first: asyncio.Future[Reply] = asyncio.get_running_loop().create_future()
+    calls = 0
+
+    async def vendor(flow: Flow) -> Reply:
+        nonlocal calls
+        calls += 1
+        if calls == 1:
+            return await first
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            late.release = lambda: released.append(1)
+            return late  # answered while being cancelled
+        raise AssertionError("never woken")
+
+    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    await settle()
+    first.set_result(answer())
+    await task
+    await settle()
+    assert events.hedges == ["cancelled"] and events.attempts == []
+    assert released == [1]  # its connection given back
