@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import asyncio
 import math
-import os
 from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any, Final, Protocol, cast
 
@@ -42,7 +41,7 @@ from yarl import URL
 from policies.core.errors import seconds_text
 from policies.core.flow import Trace
 from policies.core.memory import HOLD, Hold
-from proxy.access import access_line, request_id, route_fields
+from proxy.access import access_line, new_request_id, request_id, route_fields
 from proxy.capacity import peer_of
 from proxy.dialects import error_response
 from proxy.errors import InternalError
@@ -663,7 +662,7 @@ class AgentConnection(BaseProtocol):
         gives it (guard.py's handle_error), unless its answer had begun: then None, and the
         connection closes with what was sent."""
         guard = self._guard
-        task = asyncio.current_task()
+        task = self._task  # this task: set as it was made, before its first step
         assert task is not None
         guard.serving(task, self)
         held = None
@@ -681,7 +680,7 @@ class AgentConnection(BaseProtocol):
                 InternalError(
                     "the proxy failed on this request (a bug, logged with its traceback); try again"
                 ),
-                os.urandom(16).hex(),
+                new_request_id(),
             )
             response.force_close()
             return response

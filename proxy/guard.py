@@ -15,7 +15,6 @@ tests/hostile drives each limit against a real process.
 from __future__ import annotations
 
 import asyncio
-import os
 import re
 from collections import Counter
 from typing import Any, cast
@@ -32,6 +31,7 @@ from aiohttp.web_request import BaseRequest
 
 from policies.core.errors import BadRequest, ProxyError, seconds_text
 from policies.core.memory import HOLD, Hold, MemoryBudget
+from proxy.access import new_request_id
 from proxy.capacity import RECLAIMER, OverloadLog, peer_of, per_peer_limit
 from proxy.config import ServerConfig
 from proxy.dialects import error_body, error_response, reason_phrase
@@ -320,7 +320,7 @@ class ClientConnection(RequestHandler):
         (500), in our JSON shape instead of plain text; the connection closes after it."""
         if request.writer.output_size > 0:
             raise ConnectionError("an answer was already being sent; cannot send an error")
-        rid = os.urandom(16).hex()
+        rid = new_request_id()
         err: ProxyError
         if 400 <= status < 500:
             err = BadRequest(
@@ -527,7 +527,7 @@ class GuardedServer(web.Server):
         try:
             claimed = request.get(_CLAIMED_VERSION)
             if claimed is not None:
-                rid = os.urandom(16).hex()
+                rid = new_request_id()
                 err = HttpVersionNotSupported(
                     f"{claimed} is not supported: this proxy speaks HTTP/1.1 (and 1.0); "
                     "send the request over HTTP/1.1"
