@@ -98,8 +98,14 @@ class SearchGuard(_SearchPolicy):
 
     @property
     def remembers_failures(self) -> bool:
-        """Whether a terminal failure is being replayed to some request now."""
-        return bool(self._failures)
+        """Whether a terminal failure is being replayed to some request now (those remembered
+        past their time are forgotten here: the oldest come first)."""
+        failures = self._failures
+        if failures:
+            now = self.clock.now()
+            while failures and next(iter(failures.values()))[0] <= now:
+                failures.popitem(last=False)
+        return bool(failures)
 
     def validate(self, ref: QueryRef | None) -> None:
         """Raise BadRequest, naming the field, for a query no vendor should be asked."""

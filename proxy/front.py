@@ -361,8 +361,10 @@ class AgentConnection(BaseProtocol):
         del buffer[: end + 4]
         self._head_due = math.inf
         length = request.content_length or 0
-        if route.replays is not None and length <= len(buffer) and self._replay(request, route):
-            return True
+        if route.replays is not None and length <= len(buffer):
+            answered = self._replay(request, route)
+            if answered is not None:  # the request is answered: never the chain's too
+                return answered
         self._body_parts = []
         self._body_left = length
         self._preread = True
@@ -378,23 +380,27 @@ class AgentConnection(BaseProtocol):
         self._task = self._loop.create_task(self._serve(request))
         return False
 
-    def _replay(self, request: AgentRequest, route: Route) -> bool:
+    def _replay(self, request: AgentRequest, route: Route) -> bool | None:
         """Answer a request whose body is all in the buffer from a remembered fresh hit, if
-        one is (proxy/replay.py); True when it did and the connection stays for the next."""
+        one is (proxy/replay.py). None: not answered, the chain's to serve; True: answered,
+        and the connection is ready for the next request; False: answered, and the connection
+        closes or waits for the agent to read."""
         replays = route.replays
         state = self._app[STATE]
         if replays is None or state.clients is not None:
-            return False
+            return None
+        rid = request_id(request.headers)
+        if any(text in rid for text in state.echo.texts):
+            return None  # an id holding a secret: the chain's answer redacts it
         length = request.content_length or 0
         body = bytes(self._buffer[:length])
         key = replays.key(request.method, request.raw_path, request.headers, body)
         found = None if key is None else replays.find(key)
         if found is None:
-            return False
+            return None
         del self._buffer[:length]
         started = state.clock.now()
         replay, now = found
-        rid = request_id(request.headers)
         dynamic = {name.lower(): value for name, value in now}
         dynamic["x-request-id"] = rid
         dynamic["date"] = rfc822_formatted_time()
@@ -458,6 +464,9 @@ class AgentConnection(BaseProtocol):
             self._task = None
             return
         self._task = None
+        if self._close_after:  # shutdown asked meanwhile
+            self._close()
+            return
         self._ready_for_next()
 
     def _read_head(self, head: bytes) -> tuple[AgentRequest, Route]:
@@ -574,6 +583,8 @@ class AgentConnection(BaseProtocol):
     async def body(self) -> bytes:
         """The request's whole body, once it has come (RequestTimeout if it stalls)."""
         self._preread = False
+        if self.transport is None:
+            raise ConnectionResetError("the agent closed the connection")
         waiter = self._body_waiter
         if waiter is not None and waiter.done():  # it stalled before the handler asked
             self._body_waiter = None

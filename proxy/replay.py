@@ -31,12 +31,19 @@ from policies.faults import FaultInjector
 from policies.search import SearchGuard
 
 MAX_REPLAYS = 512  # identical requests remembered per route
+MAX_REPLAY_BYTES = 4 * 1024 * 1024  # what they hold per route: answers, entries, requests
 MAX_REPLAYED_BODY = 4096  # a request body over this is never remembered (nor its key held)
 # Headers of the answer made again for each request (lower case).
 PER_REQUEST = frozenset({"x-request-id", "age", "cache-status", "date", "connection"})
 # A request carrying one of these goes through the chain: it asks the cache (or a fault) for
 # something of its own.
-_OWN_WAY = frozenset({"cache-control", "pragma", FAULT_HEADER.lower()})
+_OWN_WAY = frozenset({"cache-control", "pragma", "mcp-session-id", FAULT_HEADER.lower()})
+# The `Connection` tokens that change nothing of what is forwarded (any other names a header
+# the proxy then drops before the cache keys on it).
+_PLAIN_CONNECTION = frozenset({"keep-alive", "close"})
+# Headers the proxy writes itself on the way up (from the peer, Host, the request id): a route
+# whose cache varies on one keys on what the agent does not send, so it is never replayed.
+_DERIVED = frozenset({"x-forwarded-for", "x-forwarded-host", "x-forwarded-proto", "x-request-id"})
 
 RequestKey = tuple[str, str, bytes, tuple[tuple[str, str], ...]]
 
@@ -52,6 +59,13 @@ class Replay:
     headers: tuple[tuple[str, str], ...]
     body: bytes
 
+    @property
+    def size(self) -> int:
+        """Bytes it holds: the answer, the entry (when not the answer itself), the headers."""
+        entry_body = getattr(self.entry, "body", b"")
+        held = len(self.body) + (0 if entry_body is self.body else len(entry_body))
+        return held + sum(len(k) + len(v) for k, v in self.headers) + 256
+
 
 class Replays:
     """One route's remembered hits, by the exact request."""
@@ -63,6 +77,7 @@ class Replays:
         # What the cache key reads of the headers: credentials, and `cache.vary`.
         self._keyed = cache.known.headers | {name.lower() for name in cache.cfg.vary}
         self._memo: OrderedDict[RequestKey, Replay] = OrderedDict()
+        self._bytes = 0  # what the remembered requests and answers hold
 
     def key(
         self, method: str, target: str, headers: CIMultiDictProxy[str], body: bytes
@@ -75,6 +90,11 @@ class Replays:
             lower = name.lower()
             if lower in _OWN_WAY:
                 return None
+            if (
+                lower == "connection"
+                and not {token.strip().lower() for token in value.split(",")} <= _PLAIN_CONNECTION
+            ):
+                return None  # it names a header dropped before the cache keys on it
             if lower in self._keyed or is_credential_name(lower):
                 keyed.append((lower, value))
         return (method, target, body, tuple(keyed))
@@ -87,16 +107,26 @@ class Replays:
             return None
         now = self.cache.replay(replay.cache_key, replay.entry)
         if now is None:
-            del self._memo[key]
+            self._forget(key)
             return None
         return replay, now
 
     def keep(self, key: RequestKey, served: Replay) -> None:
-        """Remember the answer a fresh hit gave `key`."""
-        self._memo.pop(key, None)
+        """Remember the answer a fresh hit gave `key` (the oldest go past MAX_REPLAYS or
+        MAX_REPLAY_BYTES)."""
+        size = served.size + len(key[2])
+        if size > MAX_REPLAY_BYTES // 4:
+            return  # a large answer: the chain answers it each time
+        self._forget(key)
         self._memo[key] = served
-        if len(self._memo) > MAX_REPLAYS:
-            self._memo.popitem(last=False)
+        self._bytes += size
+        while len(self._memo) > MAX_REPLAYS or self._bytes > MAX_REPLAY_BYTES:
+            self._forget(next(iter(self._memo)))
+
+    def _forget(self, key: RequestKey) -> None:
+        served = self._memo.pop(key, None)
+        if served is not None:
+            self._bytes -= served.size + len(key[2])
 
 
 def replays_for(policies: Sequence[Any]) -> Replays | None:
@@ -105,6 +135,8 @@ def replays_for(policies: Sequence[Any]) -> Replays | None:
     guard = None
     for policy in policies:
         if isinstance(policy, StaleCache):
+            if any(name.lower() in _DERIVED for name in policy.cfg.vary):
+                return None
             return Replays(policy, guard)
         if isinstance(policy, SearchGuard):
             guard = policy

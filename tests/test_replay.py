@@ -6,13 +6,14 @@ credentials, a guard replaying a failure, a client gate)."""
 from __future__ import annotations
 
 import asyncio
+import socket
 from typing import Any
 
 import pytest
 import structlog
 
 from policies.core.clock import ManualClock
-from proxy.replay import MAX_REPLAYS, PER_REQUEST, Replays
+from proxy.replay import MAX_REPLAY_BYTES, MAX_REPLAYS, PER_REQUEST, Replays
 from proxy.state import STATE
 from testkit.fakevendor import Fault
 from tests.conftest import route
@@ -208,3 +209,136 @@ async def test_an_agent_not_reading_replays_waits_within_send_timeout(vendor, st
         assert not isinstance(exc, TimeoutError), "the connection was never dropped"
     finally:
         raw.close()
+
+
+# ---------------------------------------------------------------------------------------------
+# After review: a replay is the only answer its request gets, and answers only what the chain
+# would.
+
+AUTH = "Authorization: Bearer k1"
+BODY = b'{"query": "replay me"}'
+
+
+async def primed(client: Any) -> Raw:
+    """A connection on which the request has been a miss, then the chain's hit (remembered)."""
+    raw = await Raw.to(client)
+    for _ in range(2):
+        await raw.send(post("/tavily/search", BODY, AUTH))
+        await raw.answer()
+    assert remembered(client) == 1
+    return raw
+
+
+async def test_a_replay_on_a_closing_connection_runs_no_handler_after_it(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    raw = await primed(client)
+    counted = hits(client)
+    with structlog.testing.capture_logs() as logs:
+        await raw.send(post("/tavily/search", BODY, AUTH, "Connection: close"))
+        status, headers, _ = await raw.answer()
+        assert await raw.closed()
+        await asyncio.sleep(0)
+    assert status == 200 and headers["x-cache"] == "HIT" and headers["connection"] == "close"
+    assert [e["cache"] for e in logs if e["event"] == "request"] == ["hit"]  # one line
+    assert hits(client) == counted + 1
+    guard = client.server.runner.guarded
+    assert not guard.in_flight  # no handler left waiting for a body that was the replay's
+    assert client.app[STATE].metrics.in_flight.labels("tavily")._value.get() == 0
+
+
+async def test_replays_to_an_agent_not_reading_are_each_answered_once_in_order(vendor, start_proxy):
+    # Answers large enough that replaying the pipelined requests fills the agent's window: the
+    # front waits for it to read before the next, never serves one request twice.
+    big = {
+        "results": [
+            {"url": f"https://e.example/{i}", "title": "t" * 100, "content": "c" * 1500}
+            for i in range(60)
+        ]
+    }
+    vendor.script(Fault.status(200, big))
+    client = await start_proxy(cached(vendor))
+    (await primed(client)).close()
+    sock = socket.socket()
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+    sock.connect((client.host, client.port))
+    raw = Raw(*await asyncio.open_connection(sock=sock))
+    ids = [f"r{i}" for i in range(30)]
+    await raw.send(b"".join(post("/tavily/search", BODY, AUTH, f"X-Request-Id: {i}") for i in ids))
+    await asyncio.sleep(0.3)  # nothing read meanwhile: the replays' writes pause
+    answers = [await raw.answer() for _ in ids]
+    assert [a[1]["x-request-id"] for a in answers] == ids
+    assert {a[1]["x-cache"] for a in answers} == {"HIT"} and vendor.count() == 1
+    raw.close()
+
+
+async def test_a_connection_header_naming_a_credential_goes_through_the_chain(vendor, start_proxy):
+    # `Connection: authorization` drops the key before the cache keys on it: another request.
+    client = await start_proxy(cached(vendor))
+    await primed(client)
+    raw = await Raw.to(client)
+    await raw.send(post("/tavily/search", BODY, AUTH, "Connection: keep-alive, authorization"))
+    _, headers, _ = await raw.answer()
+    assert headers["x-cache"] == "MISS" and vendor.count() == 2
+    raw.close()
+
+
+async def test_an_mcp_session_header_goes_through_the_chain(vendor, start_proxy):
+    client = await start_proxy(cached(vendor))
+    await primed(client)
+    raw = await Raw.to(client)
+    await raw.send(post("/tavily/search", BODY, AUTH, "Mcp-Session-Id: s1"))
+    _, headers, _ = await raw.answer()
+    assert headers["x-cache"] == "BYPASS" and vendor.count() == 2
+    raw.close()
+
+
+@pytest.mark.parametrize("vary", ["X-Forwarded-For", "X-Forwarded-Host", "X-Request-Id"])
+async def test_a_cache_varying_on_what_the_proxy_writes_is_never_replayed(
+    vendor, start_proxy, vary
+):
+    client = await start_proxy(cached(vendor, cache={**CACHE, "vary": [vary]}))
+    assert client.app[STATE].routes["tavily"].replays is None
+
+
+async def test_a_request_id_holding_a_secret_is_redacted_as_the_chain_does(vendor, start_proxy):
+    secret = "tvly-0123456789abcdef0123"
+    client = await start_proxy(
+        cached(vendor, headers={"set": {"Authorization": f"Bearer {secret}"}})
+    )
+    await primed(client)
+    raw = await Raw.to(client)
+    await raw.send(post("/tavily/search", BODY, AUTH, f"X-Request-Id: {secret}"))
+    _, headers, _ = await raw.answer()
+    assert secret not in headers["x-request-id"] and headers["x-cache"] == "HIT"
+    raw.close()
+
+
+async def test_remembered_answers_are_bounded_in_bytes(vendor, start_proxy):
+    # Answers of ~160 KB: far fewer than MAX_REPLAYS fit the route's byte bound.
+    big = {"results": [{"url": "https://e.example", "content": "c" * 160_000}]}
+    vendor.script(*[Fault.status(200, big)] * 60)
+    client = await start_proxy(cached(vendor))
+    for i in range(60):
+        await search(client, query=f"big {i}")
+        await search(client, query=f"big {i}")
+    replays = replays_of(client)
+    assert 0 < remembered(client) < 60 and replays._bytes <= MAX_REPLAY_BYTES
+
+
+async def test_a_failure_the_guard_remembered_stops_replays_only_while_it_is_remembered(
+    vendor, start_proxy
+):
+    clock = ManualClock()
+    client = await start_proxy(
+        cached(vendor, search={"vendor": "tavily", "on_empty": "pass", "loop_guard": "30s"}),
+        clock=clock,
+    )
+    await search(client)
+    await search(client)
+    replays = replays_of(client)
+    key = next(iter(replays._memo))
+    vendor.script(Fault.status(401, {"detail": {"error": "Unauthorized: bad key"}}))
+    await search(client, query="other", key="Bearer wrong")
+    assert replays.find(key) is None
+    clock.advance(31)  # the failure is forgotten: replays answer again (the entry still fresh)
+    assert replays.find(key) is not None
