@@ -217,12 +217,11 @@ class _Race:
             reply = await self.call_next(self.flow)
         except asyncio.CancelledError:
             self.first_running = False
+            self._observe(first, cut=True)  # cut short: it took at least this long
             task = self.task
             if not self.interrupted or task is None or task.uncancel() > 0:
-                self._observe(first, cut=True)  # as slow as this, at least
                 raise  # cancelled from outside (the agent left, shutdown, a deadline)
-            assert self.winner is not None
-            self._observe(first, cut=True)  # cut short by the hedge's win
+            assert self.winner is not None  # interrupted by the hedge that won
             return self._won(self.winner)
         except ProxyError as exc:
             self.first_running = False

@@ -25,18 +25,18 @@ from policies.core.errors import ProxyError
 from policies.core.flow import CallBudget, Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
-from proxy.access import route_fields
+from proxy.access import request_id, route_fields
 from proxy.bodies import read_body
 from proxy.budget import budget_for
 from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.direct import DirectHooks
-from proxy.envelope import Exchange, answer, enveloped, request_id, watch_agent
+from proxy.envelope import Exchange, answer, enveloped, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
 from proxy.forward import request_headers
-from proxy.front import ROUTE_HANDLER, AgentRequest
+from proxy.front import ROUTE_HANDLER
 from proxy.generation import build_generation
 from proxy.keys import one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
@@ -49,6 +49,7 @@ from proxy.series import Series
 from proxy.state import STATE, ProxyState
 from proxy.status import Pulse
 from proxy.statuspage import status_endpoint, status_page
+from proxy.wire import AgentRequest
 
 __all__ = ["STATE", "build_admin_app", "build_app", "client_identity"]
 
@@ -165,9 +166,9 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
     finally:
         if watch is not None:
             watch.stop()
-    if flow.trace.cached is not None and route.replays is not None:
-        if isinstance(request, AgentRequest):  # the front: it remembers the answer it writes
-            request.hit = (route.replays, flow.trace.cached)
+    replays = route.replays
+    if flow.trace.cached is not None and replays is not None and isinstance(request, AgentRequest):
+        request.hit = (replays, flow.trace.cached)  # the front remembers what it writes
     return await answer(request, reply, ex)
 
 
@@ -320,7 +321,7 @@ async def admin_elsewhere(request: web.Request) -> web.Response:
         f"at {request.app[STATE].admin_at()} (server.admin_host:server.admin_port, or "
         "--admin-port)"
     )
-    return error_response(err, request_id(request))
+    return error_response(err, request_id(request.headers))
 
 
 def _not_found(request: web.Request) -> NotFound:
@@ -370,7 +371,7 @@ async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamR
             )
         else:
             raise
-        return error_response(err, request_id(request))
+        return error_response(err, request_id(request.headers))
 
 
 # ---------------------------------------------------------------------------------------------

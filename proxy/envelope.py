@@ -39,11 +39,6 @@ PIECE_BYTES = 64 * 1024  # what of a large answer is handed to the agent's trans
 WHOLE_BYTES = 4 * PIECE_BYTES  # answers up to this size are written in one go
 
 
-def request_id(request: web.Request) -> str:
-    """The agent's X-Request-Id when it is safe to log and forward, else a fresh one."""
-    return access.request_id(request.headers)
-
-
 @dataclass(slots=True)
 class Sent:
     """What of a streamed answer reached the agent: the response once its status line went
@@ -124,7 +119,7 @@ def enveloped(endpoint: Endpoint, name: str | None = None) -> Handler:
 
     async def handle(request: web.Request) -> web.StreamResponse:
         state = request.app[STATE]
-        ex = Exchange(request_id(request), state.clock.now(), name)
+        ex = Exchange(access.request_id(request.headers), state.clock.now(), name)
         response: web.StreamResponse | None = None
         try:
             response = await endpoint(request, ex)

@@ -215,8 +215,7 @@ class Upstream:
             result = err.type
             raise
         finally:
-            if slot is not None:
-                slot.release()  # a no-op once a streamed reply took it over
+            slot.release()  # a no-op once a streamed reply took it over
             # Each vendor call at debug: its route, method and status or failure, never its URL
             # (a query may carry a key) or headers. Not even built at other levels.
             if LEVEL.debug:
@@ -272,7 +271,7 @@ class Upstream:
         path = self.base_path + request.path or "/"
         return f"{path}?{request.query_string}" if request.query_string else path
 
-    async def _exchange(self, flow: Flow, budget: float, slot: Slot | None) -> Reply:
+    async def _exchange(self, flow: Flow, budget: float, slot: Slot) -> Reply:
         """One request and its answer; every failure leaves as one of our error types."""
         now = self.clock.now()
         request = flow.request
@@ -335,8 +334,8 @@ class Upstream:
             # The answer's head is not valid HTTP (status line, headers, framing).
             raise self._broken(flow, exc) from None
         except aiohttp.ClientPayloadError as exc:
-            # Broken framing, headers or encoding (bad status line, chunk size, gzip ...), or a
-            # body cut short of its declared length.
+            # A body's broken framing or encoding (chunk size, gzip ...), or a body cut short
+            # of its declared length.
             if resp is not None:
                 resp.close()
             raise self._broken(flow, exc) from None
@@ -433,10 +432,10 @@ class Upstream:
         flow: Flow,
         resp: Answer,
         headers: CIMultiDict[str],
-        slot: Slot | None,
+        slot: Slot,
     ) -> Reply:
         """A reply passing the body through chunk by chunk; it owns the pool slot from here."""
-        taken = Slot() if slot is None else slot.hand_over()
+        taken = slot.hand_over()
 
         def release() -> None:
             resp.release()

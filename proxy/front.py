@@ -11,7 +11,8 @@ llhttp (httptools), its handler run in one task, and a whole answer written in o
 this path does not take is aiohttp's: the proxy's own endpoints (/v1/search, /mcp, /metrics,
 ...), MCP routes, and anything out of the ordinary (a chunked or `Expect` body, an upgrade, an
 HTTP version other than 1.0 and 1.1, a method no route takes, a head too large or malformed),
-which aiohttp then answers as it always did, its JSON errors included.
+which aiohttp then answers as it always did, its JSON errors included. How heads are read and
+written is proxy/wire.py's; what a replayed hit is, proxy/replay.py's.
 
 The limits are the same as aiohttp's connections have (proxy/guard.py): the head within
 header_timeout, the body without a gap of body_timeout and whole within request_timeout, each
@@ -25,28 +26,27 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Awaitable, Callable
-from typing import TYPE_CHECKING, Any, Final, Protocol, cast
+from typing import TYPE_CHECKING, Any, Final, cast
 
-import httptools
 import structlog
 from aiohttp import web
 from aiohttp.base_protocol import BaseProtocol
-from aiohttp.helpers import must_be_empty_body, rfc822_formatted_time, should_remove_content_length
-from aiohttp.http import SERVER_SOFTWARE, HttpVersion, HttpVersion10, HttpVersion11
-from aiohttp.http_parser import SINGLETON_HEADERS
-from aiohttp.http_writer import StreamWriter
-from multidict import CIMultiDict, CIMultiDictProxy
-from yarl import URL
 
-from policies.core.errors import seconds_text
 from policies.core.flow import Trace
 from policies.core.memory import HOLD, Hold
 from proxy.access import access_line, new_request_id, request_id, route_fields
 from proxy.capacity import peer_of
 from proxy.dialects import error_response
 from proxy.errors import InternalError
-from proxy.replay import PER_REQUEST, Replay, Replays
 from proxy.state import STATE
+from proxy.wire import (
+    MAX_HEAD_BYTES,
+    AgentRequest,
+    NotOurs,
+    answer_head,
+    drain_in_time,
+    read_head,
+)
 
 if TYPE_CHECKING:
     from proxy.guard import GuardedServer
@@ -59,151 +59,12 @@ log = structlog.get_logger("search_proxy")
 RouteHandler = Callable[[Any], Awaitable[web.StreamResponse]]
 ROUTE_HANDLER: Final[web.AppKey[RouteHandler]] = web.AppKey("route_handler")
 
-# A head past these goes to aiohttp, whose limits answer it (its 400 says which).
-MAX_HEAD_BYTES = 16 * 1024
-MAX_LINE_BYTES = 8190  # aiohttp's max_line_size and max_field_size
-MAX_HEADERS = 128  # aiohttp's max_headers
 PREREAD_BYTES = 64 * 1024  # of a body, read before its handler asks for it (then: paused)
 PIPELINED_BYTES = 64 * 1024  # of the next requests, read while one is answered (then: paused)
 LINGER_S = 10.0  # answered before its body came whole: how long the rest is read, then dropped
 WRITE_AT_ONCE = 16 * 1024  # a head and a body up to this are joined into one write
-# What a route takes natively; any other method (CONNECT, TRACE ...) goes to aiohttp's path.
-NATIVE_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
-_VERSIONS = {b"HTTP/1.1": HttpVersion11, b"HTTP/1.0": HttpVersion10}
-# Request headers that send the request to aiohttp's path: its framing or its protocol is not
-# this path's (a chunked body, a 100-continue wait, a protocol switch).
-_HANDED = frozenset({"transfer-encoding", "expect", "upgrade"})
 # A replayed hit's access-line fields: those of a hit the chain answered.
 HIT_FIELDS = route_fields(Trace(cache="hit"))
-
-
-class SendTimeout(ConnectionResetError):
-    """The agent read nothing of its answer for server.send_timeout; its connection is dropped."""
-
-
-class Cuttable(Protocol):
-    """An agent's connection as the send limit sees it."""
-
-    cut: str | None
-    transport: asyncio.Transport | None
-
-    @property
-    def writing_paused(self) -> bool: ...
-
-
-async def drain_in_time(
-    conn: Cuttable, drain: Callable[[], Awaitable[None]], send_timeout: float
-) -> None:
-    """`drain` (the protocol's wait for the agent to read), at most send_timeout: then the
-    connection is dropped with what it buffered (`SendTimeout`), so a slow reader holds at most
-    the transport's write buffer."""
-    if not conn.writing_paused or conn.transport is None:
-        await drain()
-        return
-    try:
-        async with asyncio.timeout(send_timeout):
-            await drain()
-    except TimeoutError:
-        conn.cut = "send_timeout"
-        if conn.transport is not None:
-            conn.transport.abort()  # close() would wait for the agent to read the buffer
-        raise SendTimeout(f"the agent read nothing for {seconds_text(send_timeout)}") from None
-
-
-class _Unusual(Exception):
-    """The request is not for this path: aiohttp's takes it, bytes and all."""
-
-
-class AgentRequest:
-    """A route request as the envelope and proxy_request read it: the attributes of aiohttp's
-    Request they use, and what aiohttp's StreamResponse needs to stream an answer through
-    this connection."""
-
-    __slots__ = (
-        "_path",
-        "_writer",
-        "app",
-        "body",
-        "content_length",
-        "headers",
-        "hit",
-        "keep_alive",
-        "method",
-        "protocol",
-        "raw_path",
-        "version",
-    )
-
-    def __init__(
-        self,
-        protocol: AgentConnection,
-        app: web.Application,
-        method: str,
-        raw_path: str,
-        version: HttpVersion,
-        headers: CIMultiDictProxy[str],
-        content_length: int | None,
-        keep_alive: bool,
-    ) -> None:
-        self.protocol = protocol
-        self.app = app
-        self.method = method
-        self.raw_path = raw_path
-        self.version = version
-        self.headers = headers
-        self.content_length = content_length
-        self.keep_alive = keep_alive
-        self._path: URL | None = None
-        self._writer: StreamWriter | None = None
-        self.body: bytes | None = None  # once read
-        # Set by the route's handler when a fresh cache hit answered (the route's replays and
-        # the hit's cache key and entry): the answer written is remembered for a replay.
-        self.hit: tuple[Replays, tuple[str, Any]] | None = None
-
-    @property
-    def transport(self) -> asyncio.Transport | None:
-        return self.protocol.transport
-
-    @property
-    def remote(self) -> str | None:
-        return self.protocol.remote
-
-    @property
-    def scheme(self) -> str:
-        return "http"
-
-    @property
-    def _url(self) -> URL:
-        """The target as aiohttp's parser builds it (asked only for the access line)."""
-        if self._path is None:
-            path, _, query = self.raw_path.partition("#")[0].partition("?")
-            self._path = URL.build(path=path, query_string=query, encoded=True)
-        return self._path
-
-    @property
-    def path(self) -> str:
-        """The path, percent-decoded (as aiohttp's Request.path)."""
-        return self._url.path
-
-    @property
-    def query_string(self) -> str:
-        """The query, percent-decoded (as aiohttp's Request.query_string)."""
-        return self._url.query_string
-
-    async def read(self) -> bytes:
-        """The whole body (its length is bounded by the handler before it asks)."""
-        self.body = await self.protocol.body()
-        return self.body
-
-    # What aiohttp's StreamResponse.prepare() asks of a request it streams an answer to.
-    @property
-    def _payload_writer(self) -> StreamWriter:
-        if self._writer is None:
-            self._writer = StreamWriter(self.protocol, self.protocol.loop)
-        return self._writer
-
-    async def _prepare_hook(self, response: web.StreamResponse) -> None:
-        return None
 
 
 class AgentConnection(BaseProtocol):
@@ -224,10 +85,8 @@ class AgentConnection(BaseProtocol):
         "_guard",
         "_head_began",
         "_head_due",
-        "_head_parser",
         "_idle_due",
         "_lingering",
-        "_parsed",
         "_peer",
         "_preread",
         "_request_deadline",
@@ -268,9 +127,6 @@ class AgentConnection(BaseProtocol):
         self._discarding = False  # the body is refused unread: what comes is dropped
         self._lingering = False  # answered already: the rest of the body is read, then close
         self._close_after = False  # close once the request being served is answered
-        # While a head is parsed: llhttp's parser, and the headers and keep-alive it read.
-        self._head_parser: httptools.HttpRequestParser | None = None
-        self._parsed: tuple[list[tuple[bytes, bytes]], bool | None] = ([], None)
         self.cut: str | None = None
         self.hold: Hold | None = None
 
@@ -354,8 +210,9 @@ class AgentConnection(BaseProtocol):
             self._hand_over()
             return False
         try:
-            request, route = self._read_head(bytes(buffer[: end + 4]))
-        except _Unusual:
+            head = bytes(buffer[: end + 4])
+            request, route = read_head(head, self, self._app, self._app[STATE].router)
+        except NotOurs:
             self._hand_over()
             return False
         del buffer[: end + 4]
@@ -387,63 +244,28 @@ class AgentConnection(BaseProtocol):
         closes or waits for the agent to read."""
         replays = route.replays
         state = self._app[STATE]
-        if replays is None or state.clients is not None:
+        if replays is None or not replays.remembering or state.clients is not None:
             return None
         rid = request_id(request.headers)
         if any(text in rid for text in state.echo.texts):
             return None  # an id holding a secret: the chain's answer redacts it
         length = request.content_length or 0
-        body = bytes(self._buffer[:length])
-        key = replays.key(request.method, request.raw_path, request.headers, body)
-        found = None if key is None else replays.find(key)
-        if found is None:
+        started = state.clock.now()
+        answer = replays.answer(request, bytes(self._buffer[:length]), rid)
+        if answer is None:
             return None
         del self._buffer[:length]
-        started = state.clock.now()
-        replay, now = found
-        dynamic = {name.lower(): value for name, value in now}
-        dynamic["x-request-id"] = rid
-        dynamic["date"] = rfc822_formatted_time()
-        keep_alive = request.keep_alive
-        lines = [
-            f"HTTP/{request.version[0]}.{request.version[1]} {replay.status} {replay.reason}\r\n"
-        ]
-        for name, value in replay.headers:
-            lower = name.lower()
-            if lower in PER_REQUEST:
-                if lower == "connection":
-                    continue
-                value = dynamic[lower]
-            lines.append(f"{name}: {value}\r\n")
-        if keep_alive:
-            if request.version == HttpVersion10:
-                lines.append("Connection: keep-alive\r\n")
-        elif request.version == HttpVersion11:
-            lines.append("Connection: close\r\n")
-        lines.append("\r\n")
-        head = "".join(lines).encode("utf-8", "surrogateescape")
-        transport = self.transport
-        assert transport is not None
-        if request.method == "HEAD":
-            transport.write(head)
-        else:
-            transport.write(head + replay.body)
+        status, data, written = answer
+        assert self.transport is not None
+        self.transport.write(data)
         elapsed = state.clock.now() - started
-        route.metrics.observe(replay.status, elapsed, elapsed)
+        route.metrics.observe(status, elapsed, elapsed)
         if state.log_requests:
-            written = 0 if request.method == "HEAD" else len(replay.body)
             access_line(
-                request,
-                rid,
-                route.name,
-                replay.status,
-                elapsed,
-                HIT_FIELDS,
-                cut=None,
-                written=written,
-                error=None,
-            )
-        if not keep_alive or self._close_after:
+                request, rid, route.name, status, elapsed, HIT_FIELDS,
+                cut=None, written=written, error=None,
+            )  # fmt: skip
+        if not request.keep_alive or self._close_after:
             self._close()
             return False
         if self._paused:  # the agent is not reading: wait for it in a task, as any answer
@@ -468,77 +290,6 @@ class AgentConnection(BaseProtocol):
             self._close()
             return
         self._ready_for_next()
-
-    def _read_head(self, head: bytes) -> tuple[AgentRequest, Route]:
-        """The request a head asks, if this path takes it (else _Unusual)."""
-        line_end = head.find(b"\r\n")
-        parts = head[:line_end].split(b" ")
-        if len(parts) != 3 or line_end > MAX_LINE_BYTES:
-            raise _Unusual
-        method_b, target_b, version_b = parts
-        version = _VERSIONS.get(version_b)
-        method = method_b.decode("ascii", "replace")
-        if version is None or method not in NATIVE_METHODS or not target_b.startswith(b"/"):
-            raise _Unusual
-        target = target_b.decode("utf-8", "surrogateescape")
-        state = self._app[STATE]
-        router = state.router
-        if router is None:
-            raise _Unusual
-        route = router.find(target.partition("?")[0])
-        if route is None or route.config.has("mcp"):
-            raise _Unusual  # the proxy's own endpoints, a 404, an MCP route
-        parser = self._head_parser = httptools.HttpRequestParser(self)
-        self._parsed = ([], None)
-        try:
-            parser.feed_data(head)
-        except httptools.HttpParserError:
-            raise _Unusual from None
-        finally:
-            self._head_parser = None
-        raw_headers, keep_alive = self._parsed
-        if keep_alive is None:
-            raise _Unusual  # not a whole head by llhttp's reading
-        if len(raw_headers) > MAX_HEADERS:
-            raise _Unusual
-        headers: CIMultiDict[str] = CIMultiDict()
-        length: int | None = None
-        for name_b, value_b in raw_headers:
-            if len(name_b) + len(value_b) > MAX_LINE_BYTES:
-                raise _Unusual  # aiohttp's limit on a field: its 400 says which
-            name = name_b.decode("ascii", "surrogateescape")
-            lower = name.lower()
-            if lower in _HANDED or (lower in SINGLETON_HEADERS and name in headers):
-                raise _Unusual  # aiohttp's parser refuses a second Host, Content-Type ...
-            value = value_b.rstrip(b" \t").decode("utf-8", "surrogateescape")
-            if lower == "content-length":
-                if not value.isdigit() or not value.isascii():
-                    raise _Unusual  # aiohttp's parser refuses it in its words
-                length = int(value)
-            headers.add(name, value)
-        request = AgentRequest(
-            self,
-            self._app,
-            method,
-            target,
-            version,
-            CIMultiDictProxy(headers),
-            length,
-            keep_alive,
-        )
-        return request, route
-
-    # httptools' callbacks, while a head is parsed
-    def on_header(self, name: bytes, value: bytes) -> None:
-        self._parsed[0].append((name, value))
-
-    def on_headers_complete(self) -> None:
-        # Read here: once the message is complete, llhttp's flags are the next message's.
-        parser = self._head_parser
-        assert parser is not None
-        if parser.should_upgrade():
-            raise _Unusual
-        self._parsed = (self._parsed[0], parser.should_keep_alive())
 
     # ------------------------------------------------------------------ the body
 
@@ -684,7 +435,7 @@ class AgentConnection(BaseProtocol):
             return await self._app[ROUTE_HANDLER](request)
         except Exception as exc:  # the envelope answers every failure it knows
             log.exception("request_failed", exc_info=exc)
-            if request._writer is not None and request._writer.output_size > 0:
+            if request.began_answer():
                 self._close_after = True
                 return None
             response = error_response(
@@ -721,36 +472,11 @@ class AgentConnection(BaseProtocol):
             and response.keep_alive is not False
             and not (self._close_after or self._discarding or self._body_left)
         )
-        body = response.body or b""
-        method, status = request.method, response.status
-        headers = response.headers
-        if "Content-Length" in headers:
-            if should_remove_content_length(method, status):
-                del headers["Content-Length"]
-        elif body or (status != 304 and method != "HEAD"):
-            headers["Content-Length"] = str(len(body))
-        empty = must_be_empty_body(method, status)
-        if empty:
-            headers.popall("Transfer-Encoding", None)
-            if should_remove_content_length(method, status):
-                headers.popall("Content-Length", None)
-        elif body and "Content-Type" not in headers:
-            headers["Content-Type"] = "application/octet-stream"
-        if "Date" not in headers:
-            headers["Date"] = rfc822_formatted_time()
-        if "Server" not in headers:
-            headers["Server"] = SERVER_SOFTWARE
-        version = request.version
-        if "Connection" not in headers:
-            if keep_alive:
-                if version == HttpVersion10:
-                    headers["Connection"] = "keep-alive"
-            elif version == HttpVersion11:
-                headers["Connection"] = "close"
-        head = _response_head(version, status, response.reason, headers)
-        if request.hit is not None and status == 200 and request.body is not None:
-            self._remember(request, response, bytes(body))
-        if empty or not body:
+        body = bytes(response.body or b"")
+        head, with_body = answer_head(request, response, body, keep_alive)
+        if request.hit is not None and response.status == 200:
+            request.hit[0].remember(request, response, body)
+        if not with_body:
             transport.write(head)
         elif len(body) <= WRITE_AT_ONCE:
             transport.write(head + body)
@@ -760,22 +486,12 @@ class AgentConnection(BaseProtocol):
             await self._drain_helper()  # taken within send_timeout, or the connection drops
         return keep_alive
 
-    def _remember(self, request: AgentRequest, response: web.Response, body: bytes) -> None:
-        """Keep a fresh hit's answer as written, for the next identical request."""
-        assert request.hit is not None and request.body is not None
-        replays, (cache_key, entry) = request.hit
-        key = replays.key(request.method, request.raw_path, request.headers, request.body)
-        if key is not None:
-            headers = tuple(response.headers.items())
-            served = Replay(cache_key, entry, response.status, response.reason, headers, body)
-            replays.keep(key, served)
-
     def release_hold(self) -> None:
         hold, self.hold = self.hold, None
         if hold is not None:
             hold.close()
 
-    async def _drain_helper(self) -> None:
+    async def _drain_helper(self) -> None:  # send_timeout
         await drain_in_time(self, super()._drain_helper, self._guard.limits.send_timeout)
 
     # ------------------------------------------------------------------ timers
@@ -860,17 +576,3 @@ class AgentConnection(BaseProtocol):
             self._resume_reading_for_buffer()
         self.transport = None  # aiohttp's from here: nothing of this protocol touches it
         self._guard.hand_over(transport, self._peer, self._head_began, data)
-
-
-def _response_head(
-    version: HttpVersion, status: int, reason: str, headers: CIMultiDict[str]
-) -> bytes:
-    lines = [f"HTTP/{version[0]}.{version[1]} {status} {reason}\r\n"]
-    lines += [f"{name}: {value}\r\n" for name, value in headers.items()]
-    lines.append("\r\n")
-    head = "".join(lines)
-    # Every header the proxy writes is checked before (config, the vendor's by
-    # response_headers); a CR or LF that slipped through would split the answer.
-    if head.count("\n") != len(lines) or head.count("\r") != len(lines):
-        raise ValueError("a response header holds CR or LF")
-    return head.encode("utf-8", "surrogateescape")

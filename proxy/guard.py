@@ -41,8 +41,9 @@ from proxy.errors import (
     RequestTimeout,
     TooManyConnections,
 )
-from proxy.front import ROUTE_HANDLER, AgentConnection, drain_in_time
+from proxy.front import ROUTE_HANDLER, AgentConnection
 from proxy.redact import redact_text
+from proxy.wire import drain_in_time
 
 log = structlog.get_logger("search_proxy")
 

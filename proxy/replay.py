@@ -19,8 +19,10 @@ from __future__ import annotations
 from collections import OrderedDict
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from aiohttp import web
+from aiohttp.helpers import rfc822_formatted_time
 from multidict import CIMultiDictProxy
 
 from policies.cache import StaleCache
@@ -29,6 +31,10 @@ from policies.failover import Failover
 from policies.faults import HEADER as FAULT_HEADER
 from policies.faults import FaultInjector
 from policies.search import SearchGuard
+from proxy.wire import connection_value, response_head
+
+if TYPE_CHECKING:
+    from proxy.wire import AgentRequest
 
 MAX_REPLAYS = 512  # identical requests remembered per route
 MAX_REPLAY_BYTES = 4 * 1024 * 1024  # what they hold per route: answers, entries, requests
@@ -99,6 +105,11 @@ class Replays:
                 keyed.append((lower, value))
         return (method, target, body, tuple(keyed))
 
+    @property
+    def remembering(self) -> bool:
+        """Whether any answer is remembered (none: no request is worth a look)."""
+        return bool(self._memo)
+
     def find(self, key: RequestKey) -> tuple[Replay, tuple[tuple[str, str], ...]] | None:
         """The remembered answer and the hit's headers now, counted as a hit; None when the
         chain must answer."""
@@ -110,6 +121,44 @@ class Replays:
             self._forget(key)
             return None
         return replay, now
+
+    def answer(self, request: AgentRequest, body: bytes, rid: str) -> tuple[int, bytes, int] | None:
+        """The remembered answer to `request` (its body `body`, its id `rid`), as its status,
+        the bytes to write and the body bytes among them, counted as a hit; None when the
+        chain must answer. What changes per request (PER_REQUEST) is made anew: the hit's Age
+        and Cache-Status, the id, the date, and Connection as this request says."""
+        key = self.key(request.method, request.raw_path, request.headers, body)
+        found = None if key is None else self.find(key)
+        if found is None:
+            return None
+        replay, hit_headers = found
+        now = {name.lower(): value for name, value in hit_headers}
+        now["x-request-id"] = rid
+        now["date"] = rfc822_formatted_time()
+        headers = (
+            (name, now.get(name.lower(), value))
+            for name, value in replay.headers
+            if name.lower() != "connection"
+        )
+        version = request.version
+        connection = connection_value(version, request.keep_alive)
+        head = response_head(version, replay.status, replay.reason, headers, connection)
+        if request.method == "HEAD":
+            return replay.status, head, 0
+        return replay.status, head + replay.body, len(replay.body)
+
+    def remember(self, request: AgentRequest, response: web.Response, body: bytes) -> None:
+        """Keep the answer a fresh hit gave `request` as written (`body`), for the next
+        identical request (`request.hit`: the hit's cache key and entry)."""
+        if request.hit is None or request.body is None:
+            return
+        key = self.key(request.method, request.raw_path, request.headers, request.body)
+        if key is not None:
+            cache_key, entry = request.hit[1]
+            headers = tuple(response.headers.items())
+            self.keep(
+                key, Replay(cache_key, entry, response.status, response.reason, headers, body)
+            )
 
     def keep(self, key: RequestKey, served: Replay) -> None:
         """Remember the answer a fresh hit gave `key` (the oldest go past MAX_REPLAYS or
