@@ -54,6 +54,7 @@ from policies.core.events import NullEvents
 from policies.core.flow import Flow, Reply
 from policies.core.outcome import Outcome
 from policies.core.redislink import RedisLink
+from policies.profiles.reading import load_json
 from proxy.config import parse_config
 from proxy.errors import NotFound, Unauthorized
 from testkit.redisserver import RedisServer
@@ -333,6 +334,23 @@ def test_the_short_canonical_form_is_the_walks(body: bytes) -> None:
     if body.isascii() and b"\\u" not in body and b"query" not in body and b'"q"' not in body:
         assert short is not MISSING  # the usual body takes the short way
     assert key(body) == key(orjson.dumps(walked))  # and keys as its canonical form does
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b'{"query": "rust   async", "api_key": "k", "max_results": 5}',
+        b'{"query": "caf\\u00e9  au lait", "token": "t", "n": {"q": "a  b"}}',
+        b'{"api_key": "k", "max_results": 5}',
+    ],
+)
+def test_the_key_leaves_the_policies_shared_parse_of_the_body_as_it_was(body: bytes) -> None:
+    # The guard and failover parse the body first (load_json); the key reads that parse.
+    shared = load_json(body)
+    as_parsed = orjson.loads(body)
+    first = key(body)
+    assert load_json(body) is shared and shared == as_parsed  # credentials, spaces all kept
+    assert key(body) == first
 
 
 def test_json_at_the_canonical_depth_is_still_canonical() -> None:

@@ -6,7 +6,9 @@ import json
 from typing import Any
 
 import pytest
+from multidict import CIMultiDict
 
+from policies.core.flow import Request
 from policies.profiles import (
     BUILTIN_PROFILES,
     Assessment,
@@ -26,6 +28,7 @@ from policies.profiles import (
     normalize_results,
     ratelimit_hint,
     replace_query,
+    request_query,
 )
 
 P = BUILTIN_PROFILES
@@ -265,6 +268,18 @@ def test_error_status_with_junk_body_passes_without_code() -> None:
 def test_serper_query_in_json_body() -> None:
     ref = extract_query(P["serper"], path="/search", query={}, body=j({"q": "aiohttp", "num": 5}))
     assert ref == QueryRef(QueryLocation("json", "q"), "aiohttp")
+
+
+def test_a_request_asked_again_answers_for_itself_and_the_profile_asking() -> None:
+    # Policies ask in a row about one request: the answer is kept, but only for that request
+    # object and that profile.
+    both = Request("r", "POST", "/search", "", CIMultiDict(), j({"query": "x", "q": "y"}), "i", "")
+    other = Request("r", "POST", "/search", "q=z", CIMultiDict(), b"", "i", "")
+    assert request_query(P["tavily"], both) == QueryRef(QueryLocation("json", "query"), "x")
+    assert request_query(P["serper"], both) == QueryRef(QueryLocation("json", "q"), "y")
+    assert request_query(P["serper"], other) == QueryRef(QueryLocation("query", "q"), "z")
+    assert request_query(P["tavily"], other) is None
+    assert request_query(P["tavily"], both) == QueryRef(QueryLocation("json", "query"), "x")
 
 
 def test_serper_langchain_query_string_without_body() -> None:

@@ -17,6 +17,7 @@ from multidict import CIMultiDict, MultiMapping
 from policies.cache.config import CacheConfig
 from policies.cache.entry import MCP_SESSION
 from policies.core.credentials import CREDENTIAL_NAMES, is_credential_name
+from policies.profiles.reading import NOT_JSON, load_json
 
 _QUERY_FIELDS = frozenset({"query", "q"})
 MISSING: Any = object()
@@ -173,12 +174,13 @@ def _plain_canonical(body: bytes) -> Any:
         or body.count(b"[") + body.count(b"{") > MAX_CANONICAL_DEPTH
     ):
         return MISSING
-    data = orjson.loads(body)
+    data = _parsed(body)
     named = body.count(b'"query"') + body.count(b'"q"')
     if not named:
         return data
     if not isinstance(data, dict):
         return MISSING
+    data = dict(data)  # the parse is shared (load_json): change a copy
     for field in _QUERY_FIELDS:
         if field in data:
             value = data[field]
@@ -190,6 +192,15 @@ def _plain_canonical(body: bytes) -> Any:
     return data if named == 0 else MISSING
 
 
+def _parsed(body: bytes) -> Any:
+    """`orjson.loads(body)`, from the parse the policies before the cache share when they read
+    the same body (the search guard, failover: policies/profiles/reading.py). Never change it."""
+    data = load_json(body)
+    if data is NOT_JSON:
+        raise orjson.JSONDecodeError("not JSON", "", 0)
+    return data
+
+
 def _read_body_part(
     body: bytes, ignored: tuple[str, ...], known: frozenset[str]
 ) -> tuple[bytes, list[str]]:
@@ -198,11 +209,12 @@ def _read_body_part(
     try:
         data = _plain_canonical(body)
         if data is MISSING:
-            data = _canonical(orjson.loads(body))
+            data = _canonical(_parsed(body))
     except (orjson.JSONDecodeError, _TooDeep):
         return b"r" + body, []
     credentials: list[str] = []
     if isinstance(data, dict):
+        data = dict(data)  # unchanged by the canonical form, it may be the shared parse
         # Credentials first: an ignored field never takes a credential out of the key.
         names = _credential_fields(known)
         for name in sorted(n for n in data if n.lower() in names):

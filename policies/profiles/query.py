@@ -40,10 +40,23 @@ def _form_pairs(body: bytes) -> list[tuple[str, str]] | None:
         return None
 
 
+# The last request asked about, for which profile, and its answer. Several policies of one
+# route ask in a row about the same request (the guard, failover, search recovery, the
+# hedge): a Request never changes, so the same object has the same query.
+_last: tuple[Request | None, VendorProfile | None, QueryRef | None] = (None, None, None)
+
+
 def request_query(profile: VendorProfile, request: Request) -> QueryRef | None:
     """Where `request`'s query is, if it is a search call the profile recognises."""
-    query = dict(parse_qsl(request.query_string, keep_blank_values=True))
-    return extract_query(profile, path=request.path, query=query, body=request.body)
+    global _last
+    last_request, last_profile, ref = _last
+    if request is last_request and profile is last_profile:
+        return ref
+    text = request.query_string
+    query = dict(parse_qsl(text, keep_blank_values=True)) if text else {}
+    ref = extract_query(profile, path=request.path, query=query, body=request.body)
+    _last = (request, profile, ref)
+    return ref
 
 
 def extract_query(
