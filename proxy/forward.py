@@ -156,7 +156,7 @@ class Upstream:
         if base.host is None:
             raise ValueError(f"{route.name}: upstream {route.upstream!r} has no host")
         self.scheme, self.host, self.port = base.scheme, base.host, base.explicit_port
-        self.origin = Origin.of(base.scheme, base.raw_host or base.host, base.port)
+        self.origin = Origin.of(base)  # routes to one origin share its connections
         self.base_path = base.raw_path.rstrip("/")
         self.per_try = route.timeouts.per_try
         self.total = route.timeouts.total
@@ -171,8 +171,6 @@ class Upstream:
         # An MCP client may not follow a redirect (or only within its origin): an MCP route
         # follows the upstream's own 307/308 itself.
         self.follow = route.has("mcp")
-        # Routes to one origin share its connections and its per-host limit.
-        self.pool_key = self.origin
 
     def url(self, flow: Flow) -> URL:
         """The upstream URL for a flow: the route's origin, base path and the confined path."""
@@ -246,7 +244,7 @@ class Upstream:
         wait = min(self.connect, budget)
         started = self.clock.now()
         try:
-            return await self.slots.acquire(self.pool_key, wait)
+            return await self.slots.acquire(self.origin, wait)
         except PoolFull as full:
             if full.scope == "host":
                 what = f"all {full.limit} connections to its upstream host are busy"

@@ -41,6 +41,7 @@ from proxy.errors import InternalError
 from proxy.state import STATE
 from proxy.wire import (
     MAX_HEAD_BYTES,
+    WRITE_AT_ONCE,
     AgentRequest,
     NotOurs,
     answer_head,
@@ -51,6 +52,7 @@ from proxy.wire import (
 if TYPE_CHECKING:
     from proxy.guard import GuardedServer
     from proxy.pipeline import Route
+    from proxy.replay import Replays
 
 log = structlog.get_logger("search_proxy")
 
@@ -62,7 +64,6 @@ ROUTE_HANDLER: Final[web.AppKey[RouteHandler]] = web.AppKey("route_handler")
 PREREAD_BYTES = 64 * 1024  # of a body, read before its handler asks for it (then: paused)
 PIPELINED_BYTES = 64 * 1024  # of the next requests, read while one is answered (then: paused)
 LINGER_S = 10.0  # answered before its body came whole: how long the rest is read, then dropped
-WRITE_AT_ONCE = 16 * 1024  # a head and a body up to this are joined into one write
 # A replayed hit's access-line fields: those of a hit the chain answered.
 HIT_FIELDS = route_fields(Trace(cache="hit"))
 
@@ -219,7 +220,7 @@ class AgentConnection(BaseProtocol):
         self._head_due = math.inf
         length = request.content_length or 0
         if route.replays is not None and length <= len(buffer):
-            answered = self._replay(request, route)
+            answered = self._replay(request, route, route.replays)
             if answered is not None:  # the request is answered: never the chain's too
                 return answered
         self._body_parts = []
@@ -237,21 +238,24 @@ class AgentConnection(BaseProtocol):
         self._task = self._loop.create_task(self._serve(request))
         return False
 
-    def _replay(self, request: AgentRequest, route: Route) -> bool | None:
+    def _replay(self, request: AgentRequest, route: Route, replays: Replays) -> bool | None:
         """Answer a request whose body is all in the buffer from a remembered fresh hit, if
         one is (proxy/replay.py). None: not answered, the chain's to serve; True: answered,
         and the connection is ready for the next request; False: answered, and the connection
         closes or waits for the agent to read."""
-        replays = route.replays
         state = self._app[STATE]
-        if replays is None or not replays.remembering or state.clients is not None:
+        if not replays.remembering or state.clients is not None:
+            return None
+        length = request.content_length or 0
+        with memoryview(self._buffer) as buffered:
+            key = replays.remembered(request, bytes(buffered[:length]))
+        if key is None:
             return None
         rid = request_id(request.headers)
         if any(text in rid for text in state.echo.texts):
             return None  # an id holding a secret: the chain's answer redacts it
-        length = request.content_length or 0
         started = state.clock.now()
-        answer = replays.answer(request, bytes(self._buffer[:length]), rid)
+        answer = replays.answer(key, request, rid)
         if answer is None:
             return None
         del self._buffer[:length]
@@ -358,7 +362,7 @@ class AgentConnection(BaseProtocol):
             return
         now = self._loop.time()
         # Paused by us (the handler has not asked yet): not the agent's stall.
-        self._body_deadline, self._request_deadline = self._guard.body_deadlines(
+        self._body_deadline, self._request_deadline = self._guard.answers.body_deadlines(
             now, self._buffer_paused, self._body_deadline, self._request_deadline
         )
         due = min(self._body_deadline, self._request_deadline)
@@ -366,7 +370,7 @@ class AgentConnection(BaseProtocol):
             self._body_timer = self._loop.call_at(due, self._body_check)
             return
         self._close_after = True  # the rest of the body is not coming: no next request
-        late = self._guard.body_late(whole_late=now >= self._request_deadline)
+        late = self._guard.answers.body_late(whole_late=now >= self._request_deadline)
         waiter = self._body_waiter
         if waiter is not None and not waiter.done():
             waiter.set_exception(late)
@@ -503,7 +507,7 @@ class AgentConnection(BaseProtocol):
         limits = self._guard.limits
         self._head_began = began
         self._request_deadline = began + limits.request_timeout
-        self._head_due = began + min(limits.header_timeout, limits.request_timeout)
+        self._head_due = began + self._guard.answers.head_within
         self._idle_due = math.inf
 
     def _go_idle(self, now: float) -> None:
@@ -534,7 +538,7 @@ class AgentConnection(BaseProtocol):
                 self._arm(self._head_due)
                 return
             if self._buffer:  # a head began and did not come whole in time
-                self._guard.head_late(self.transport)
+                self._guard.answers.head_late(self.transport)
             self._close()
         elif self._idle_due < math.inf:
             if now < self._idle_due:

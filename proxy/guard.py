@@ -19,7 +19,6 @@ import re
 from collections import Counter
 from typing import Any, cast
 
-import orjson
 import structlog
 from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
@@ -29,19 +28,18 @@ from aiohttp.web_protocol import ERROR as PARSE_FAILED
 from aiohttp.web_protocol import RequestHandler
 from aiohttp.web_request import BaseRequest
 
-from policies.core.errors import BadRequest, ProxyError, seconds_text
+from policies.core.errors import BadRequest, ProxyError
 from policies.core.memory import HOLD, Hold, MemoryBudget
 from proxy.access import new_request_id
 from proxy.capacity import RECLAIMER, OverloadLog, peer_of, per_peer_limit
 from proxy.config import ServerConfig
-from proxy.dialects import error_body, error_response, reason_phrase
+from proxy.dialects import error_response
 from proxy.errors import (
     HttpVersionNotSupported,
     InternalError,
-    RequestTimeout,
-    TooManyConnections,
 )
 from proxy.front import ROUTE_HANDLER, AgentConnection
+from proxy.limits import LimitAnswers, log_refusal
 from proxy.redact import redact_text
 from proxy.wire import drain_in_time
 
@@ -54,21 +52,6 @@ _CLAIMED_VERSION = web.RequestKey("search_proxy_claimed_version", str)
 # From the first quoted literal on: aiohttp quotes the bytes it could not parse (a header line,
 # the request line with its query), as b'...' or '...'.
 _QUOTED = re.compile(r"""[\s:]*(?:\bb)?['"].*$""")
-
-
-def raw_answer(err: ProxyError) -> bytes:
-    """A whole HTTP/1.1 response carrying `err` (then close), to write straight to a transport
-    when no request object exists to answer through."""
-    body = orjson.dumps(error_body(err, "", None))
-    head = [
-        f"HTTP/1.1 {err.status} {reason_phrase(err)}",
-        "Content-Type: application/json",
-        f"Content-Length: {len(body)}",
-        "Connection: close",
-        f"X-Proxy-Error: {err.type}",
-        *(f"{name}: {value}" for name, value in err.response_headers().items()),
-    ]
-    return ("\r\n".join(head) + "\r\n\r\n").encode("ascii") + body
 
 
 def cut_reason(request: Any) -> str | None:
@@ -85,21 +68,6 @@ def _problem(exc: BaseException | None, message: str | None) -> str:
     lines = [_QUOTED.sub("", line.strip()).rstrip(":") for line in (message or "").splitlines()]
     text = ": ".join(line for line in lines if line and not line.startswith("^"))
     return redact_text(text[:200]) or "unparseable request"
-
-
-def _log_refusal(request: BaseRequest | None, rid: str | None, err: ProxyError) -> None:
-    """The access-log line of a request the connection layer answered itself (`request` is
-    None when it could not be parsed)."""
-    log.info(
-        "request",
-        request_id=rid,
-        route=None,
-        method=request.method if request is not None else None,
-        path=request.path if request is not None else None,
-        status=err.status,
-        error=err.type,
-        reason=err.message,
-    )
 
 
 class ClientConnection(RequestHandler):
@@ -223,16 +191,15 @@ class ClientConnection(RequestHandler):
 
     def _arm_head_timer(self, began: float) -> None:
         """The head's timer, for a request that began at `began` (loop time)."""
-        limits = self._guard.limits
-        due = min(limits.header_timeout, limits.request_timeout)
-        self._head_timer = self._loop.call_at(began + due, self._head_late)
+        due = began + self._guard.answers.head_within
+        self._head_timer = self._loop.call_at(due, self._head_late)
 
     def _head_late(self) -> None:
         self._head_timer = None
         if self.transport is None or not self._between_requests():
             return
         if self._head_started:
-            self._guard.head_late(self.transport)
+            self._guard.answers.head_late(self.transport)
         self.force_close()
 
     def _watch_body(self, body: StreamReader) -> None:
@@ -255,7 +222,7 @@ class ClientConnection(RequestHandler):
             return
         now = self._loop.time()
         # We paused reading (the handler has not read what came): not the agent stalling.
-        self._body_deadline, self._request_deadline = self._guard.body_deadlines(
+        self._body_deadline, self._request_deadline = self._guard.answers.body_deadlines(
             now,
             self._reading_paused or self._buffer_paused,
             self._body_deadline,
@@ -270,7 +237,9 @@ class ClientConnection(RequestHandler):
             # A handler reads (or will read) this body: its read raises, it answers 408; then
             # close rather than linger for the rest of a body that is not coming.
             self._lingering_time = 0.0
-            body.set_exception(self._guard.body_late(whole_late=now >= self._request_deadline))
+            body.set_exception(
+                self._guard.answers.body_late(whole_late=now >= self._request_deadline)
+            )
         else:
             # Already answered; aiohttp is discarding the rest of the body: stop waiting for it.
             body.feed_eof()
@@ -327,7 +296,7 @@ class ClientConnection(RequestHandler):
             err = BadRequest(
                 f"malformed HTTP request: {_problem(exc, message)}; send a valid HTTP/1.1 request"
             )
-            _log_refusal(None, rid, err)
+            log_refusal(None, rid, err)
         else:
             self.log_exception("Error handling request from %s", request.remote, exc_info=exc)
             err = InternalError(
@@ -336,12 +305,6 @@ class ClientConnection(RequestHandler):
         response = error_response(err, rid)
         response.force_close()
         return response
-
-
-def _too_many(what: str) -> bytes:
-    """The prebuilt answer of a connection refused at accept time because `what`."""
-    err = TooManyConnections(f"{what}; retry shortly, and reuse connections", retry_after_s=1.0)
-    return raw_answer(err)
 
 
 class GuardedServer(web.Server):
@@ -374,24 +337,7 @@ class GuardedServer(web.Server):
         self._app_handler = plain.request_handler
         self._app_request = plain.request_factory
         self._in_flight: dict[asyncio.Task[Any], ClientConnection | AgentConnection] = {}
-        # Prebuilt: written by timers and at accept time, where no request object exists.
-        self.refusal = _too_many(
-            f"the proxy has {limits.max_connections} connections open (server.max_connections)"
-        )
-        self.head_timeout_error = RequestTimeout(
-            f"the request head did not arrive within {seconds_text(limits.header_timeout)} "
-            "(server.header_timeout); send the request line and headers at once"
-        )
-        self.head_timeout = raw_answer(self.head_timeout_error)
-        self.peer_refusal = _too_many(
-            f"this address has {self.per_peer} connections open to the proxy "
-            "(server.max_connections_per_peer)"
-        )
-        self.request_late_error = RequestTimeout(
-            f"the request did not arrive whole within {seconds_text(limits.request_timeout)} "
-            "(server.request_timeout); send the request line, headers and whole body at once"
-        )
-        self.request_late = raw_answer(self.request_late_error)
+        self.answers = LimitAnswers(limits, self.per_peer)
         # The options AppRunner gathered for the protocol (keep-alive, access log ...).
         super().__init__(
             self._handle,
@@ -425,51 +371,16 @@ class GuardedServer(web.Server):
     def done_serving(self, task: asyncio.Task[Any]) -> None:
         del self._in_flight[task]
 
-    def head_late(self, transport: asyncio.Transport) -> None:
-        """Answer a request whose head began but did not arrive in time (then close)."""
-        if self.limits.request_timeout < self.limits.header_timeout:
-            answer, err = self.request_late, self.request_late_error
-        else:
-            answer, err = self.head_timeout, self.head_timeout_error
-        transport.write(answer)
-        _log_refusal(None, None, err)
-
-    def body_deadlines(
-        self, now: float, paused: bool, body_deadline: float, request_deadline: float
-    ) -> tuple[float, float]:
-        """A body's two deadlines (the next piece's, the whole request's), pushed on past
-        `now` while the proxy holds the body back (`paused`: its handler has not read what
-        came): neither limit runs out on the agent for the proxy's wait."""
-        if not paused:
-            return body_deadline, request_deadline
-        pushed = now + self.limits.body_timeout
-        return max(body_deadline, pushed), max(request_deadline, pushed)
-
-    def body_late(self, *, whole_late: bool) -> RequestTimeout:
-        """The error of a body that stalled (or, `whole_late`, of a request not whole by
-        request_timeout), for its handler's read to raise."""
-        if whole_late:
-            return RequestTimeout(
-                f"the request did not arrive whole within "
-                f"{seconds_text(self.limits.request_timeout)} (server.request_timeout); send "
-                "the request line, headers and whole body at once"
-            )
-        return RequestTimeout(
-            f"the request body stalled: nothing arrived for "
-            f"{seconds_text(self.limits.body_timeout)} (server.body_timeout); send the "
-            "whole body without pausing"
-        )
-
     def admit(self, peer: str | None) -> bytes | None:
         """Count a new connection from `peer` in (None), or refuse it: the answer to write
         before closing it (refusals are logged once per interval)."""
         if self.open >= self.limits.max_connections:
             self.overload.refused()
-            return self.refusal
+            return self.answers.refusal
         if peer is not None:
             if self._peers[peer] >= self.per_peer:
                 self.overload.refused(per_peer=True)
-                return self.peer_refusal
+                return self.answers.peer_refusal
             self._peers[peer] += 1
         self.open += 1
         self._peak = max(self._peak, self.open)
@@ -533,7 +444,7 @@ class GuardedServer(web.Server):
                     f"{claimed} is not supported: this proxy speaks HTTP/1.1 (and 1.0); "
                     "send the request over HTTP/1.1"
                 )
-                _log_refusal(request, rid, err)
+                log_refusal(request, rid, err)
                 response = error_response(err, rid)
                 response.force_close()
                 return response

@@ -31,8 +31,10 @@ from aiohttp.client_proto import ResponseHandler
 from aiohttp.http import RawResponseMessage
 from aiohttp.streams import StreamReader
 from multidict import CIMultiDictProxy
+from yarl import URL
 
 from proxy.pool import PoolSlots
+from proxy.wire import WRITE_AT_ONCE
 
 # A host's addresses as loop.getaddrinfo gives them: (family, type, proto, canonname, address).
 AddrInfo = tuple[Any, ...]
@@ -40,7 +42,6 @@ Resolve = Callable[[str, int], Awaitable[list[AddrInfo]]]
 DNS_TTL_S = 300.0  # how long a host name's addresses are used before asking again
 HAPPY_EYEBALLS_S = 0.25  # an address that has not connected by then gets the next one tried too
 READ_BUFSIZE = 16 * 1024  # the parser's read limit: what of a body is buffered before pausing
-_DEFAULT_PORTS = {"http": 80, "https": 443}
 # A request of these methods carries no body unless it has one; any other says Content-Length: 0
 # when empty (as aiohttp did: some servers refuse a POST without a length).
 _BODILESS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -76,12 +77,15 @@ class Origin:
     host_header: str
 
     @classmethod
-    def of(cls, scheme: str, host: str, port: int | None) -> Origin:
-        default = _DEFAULT_PORTS.get(scheme, 80)
-        port = port or default
-        shown = f"[{host}]" if ":" in host else host  # an IPv6 literal
-        host_header = shown if port == default else f"{shown}:{port}"
-        return cls(scheme, host, port, scheme == "https", host_header)
+    def of(cls, url: URL) -> Origin:
+        """The origin of an http(s) `url`; its Host header as aiohttp wrote it (an IPv6
+        literal bracketed, the scheme's default port left out)."""
+        host, port = url.raw_host, url.port
+        if host is None or port is None:
+            raise ValueError(f"{url} names no host and port")
+        return cls(
+            url.scheme, host, port, url.scheme == "https", url.host_port_subcomponent or host
+        )
 
 
 def request_head(
@@ -259,7 +263,7 @@ class VendorPool:
         transport = conn.transport
         assert transport is not None  # taken connected
         try:
-            if len(body) <= 16 * 1024:
+            if len(body) <= WRITE_AT_ONCE:
                 transport.write(head + body if body else head)
             else:
                 transport.writelines((head, body))  # no copy of a large body

@@ -26,6 +26,7 @@ from aiohttp.helpers import rfc822_formatted_time
 from multidict import CIMultiDictProxy
 
 from policies.cache import StaleCache
+from policies.cache.entry import MCP_SESSION
 from policies.core.credentials import is_credential_name
 from policies.failover import Failover
 from policies.faults import HEADER as FAULT_HEADER
@@ -43,7 +44,7 @@ MAX_REPLAYED_BODY = 4096  # a request body over this is never remembered (nor it
 PER_REQUEST = frozenset({"x-request-id", "age", "cache-status", "date", "connection"})
 # A request carrying one of these goes through the chain: it asks the cache (or a fault) for
 # something of its own.
-_OWN_WAY = frozenset({"cache-control", "pragma", "mcp-session-id", FAULT_HEADER.lower()})
+_OWN_WAY = frozenset({"cache-control", "pragma", MCP_SESSION.lower(), FAULT_HEADER.lower()})
 # The `Connection` tokens that change nothing of what is forwarded (any other names a header
 # the proxy then drops before the cache keys on it).
 _PLAIN_CONNECTION = frozenset({"keep-alive", "close"})
@@ -110,6 +111,12 @@ class Replays:
         """Whether any answer is remembered (none: no request is worth a look)."""
         return bool(self._memo)
 
+    def remembered(self, request: AgentRequest, body: bytes) -> RequestKey | None:
+        """The key of `request` (its body `body`) when an answer to it is remembered; None
+        when none is (the usual miss: nothing more is looked at)."""
+        key = self.key(request.method, request.raw_path, request.headers, body)
+        return key if key is not None and key in self._memo else None
+
     def find(self, key: RequestKey) -> tuple[Replay, tuple[tuple[str, str], ...]] | None:
         """The remembered answer and the hit's headers now, counted as a hit; None when the
         chain must answer."""
@@ -122,13 +129,14 @@ class Replays:
             return None
         return replay, now
 
-    def answer(self, request: AgentRequest, body: bytes, rid: str) -> tuple[int, bytes, int] | None:
-        """The remembered answer to `request` (its body `body`, its id `rid`), as its status,
-        the bytes to write and the body bytes among them, counted as a hit; None when the
-        chain must answer. What changes per request (PER_REQUEST) is made anew: the hit's Age
-        and Cache-Status, the id, the date, and Connection as this request says."""
-        key = self.key(request.method, request.raw_path, request.headers, body)
-        found = None if key is None else self.find(key)
+    def answer(
+        self, key: RequestKey, request: AgentRequest, rid: str
+    ) -> tuple[int, bytes, int] | None:
+        """The answer remembered for `key` (`request`'s, its id `rid`), as its status, the
+        bytes to write and the body bytes among them, counted as a hit; None when the chain
+        must answer. What changes per request (PER_REQUEST) is made anew: the hit's Age and
+        Cache-Status, the id, the date, and Connection as this request says."""
+        found = self.find(key)
         if found is None:
             return None
         replay, hit_headers = found

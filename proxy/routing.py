@@ -55,20 +55,26 @@ class Router(Generic[R]):
         self._by_length = sorted(routes, key=lambda pr: len(pr[0]), reverse=True)
         self.prefixes = tuple(sorted(p for p, _ in routes))
 
+    def _lookup(self, path: str) -> tuple[str, R] | None:
+        """The longest prefix `path` falls under (whole segments), and its route."""
+        for prefix, route in self._by_length:
+            if path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/"):
+                return prefix, route
+        return None
+
     def find(self, path: str) -> R | None:
         """The route whose prefix `path` falls under, if any, without checking the path (a
         quick look: `match` refuses what it must before a request is served)."""
-        for prefix, route in self._by_length:
-            if path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/"):
-                return route
-        return None
+        found = self._lookup(path)
+        return found[1] if found is not None else None
 
     def match(self, raw_target: str) -> tuple[R, Target]:
         """The route for `raw_target` and the confined remainder; NotFound lists the prefixes."""
         path, query = split_target(raw_target)
-        for prefix, route in self._by_length:
-            if path.startswith(prefix) and (len(path) == len(prefix) or path[len(prefix)] == "/"):
-                return route, Target(rest=path[len(prefix) :], query_string=query)
-        raise NotFound(
-            f"no route for {path}; configured route prefixes: {', '.join(self.prefixes)}"
-        )
+        found = self._lookup(path)
+        if found is None:
+            raise NotFound(
+                f"no route for {path}; configured route prefixes: {', '.join(self.prefixes)}"
+            )
+        prefix, route = found
+        return route, Target(rest=path[len(prefix) :], query_string=query)

@@ -31,6 +31,7 @@ if TYPE_CHECKING:
 
 # A head past these goes to aiohttp, whose limits answer it (its 400 says which).
 MAX_HEAD_BYTES = 16 * 1024
+WRITE_AT_ONCE = 16 * 1024  # a head and a body up to this are joined into one write
 MAX_LINE_BYTES = 8190  # aiohttp's max_line_size and max_field_size
 MAX_HEADERS = 128  # aiohttp's max_headers
 # What a route takes natively; any other method (CONNECT, TRACE ...) goes to aiohttp's path.

@@ -275,11 +275,18 @@ async def test_a_fast_answer_is_never_hedged() -> None:
     assert "X-Proxy-Hedges" not in flow.trace.reply_headers
 
 
-async def test_when_the_first_attempt_wins_the_hedge_is_cancelled() -> None:
+def held_round() -> tuple[Recorder, Vendor, asyncio.Task[Reply]]:
+    """A hedged round running against a vendor that holds both attempts until answered: its
+    events, the vendor, and the round's task."""
     clock = ManualClock()
     events = Recorder()
     vendor = Vendor(HELD, HELD)
     task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    return events, vendor, task
+
+
+async def test_when_the_first_attempt_wins_the_hedge_is_cancelled() -> None:
+    events, vendor, task = held_round()
     await settle()
     assert vendor.calls == 2  # the hedge went out
     first = answer(results=2)
@@ -289,10 +296,7 @@ async def test_when_the_first_attempt_wins_the_hedge_is_cancelled() -> None:
 
 
 async def test_a_first_attempt_that_fails_while_a_hedge_runs_waits_for_the_hedge() -> None:
-    clock = ManualClock()
-    events = Recorder()
-    vendor = Vendor(HELD, HELD)
-    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    events, vendor, task = held_round()
     await settle()
     vendor.answer(0, answer(503))
     await settle()
@@ -330,10 +334,7 @@ async def test_a_winning_hedge_interrupts_the_first_attempt_and_leaves_no_cancel
 
 
 async def test_a_round_cancelled_from_outside_cancels_its_hedges_and_ends_cancelled() -> None:
-    clock = ManualClock()
-    events = Recorder()
-    vendor = Vendor(HELD, HELD)
-    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    events, vendor, task = held_round()
     await settle()
     assert vendor.calls == 2
     task.cancel()  # the agent left
@@ -343,10 +344,7 @@ async def test_a_round_cancelled_from_outside_cancels_its_hedges_and_ends_cancel
 
 
 async def test_cancelled_from_outside_as_a_hedge_wins_the_round_still_ends_cancelled() -> None:
-    clock = ManualClock()
-    events = Recorder()
-    vendor = Vendor(HELD, HELD)
-    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    _, vendor, task = held_round()
     await settle()
     vendor.answer(1, answer())  # the hedge wins ...
     task.cancel()  # ... as the agent leaves: its cancellation is not the round's to take
@@ -370,10 +368,7 @@ async def test_a_round_cancelled_before_its_hedge_is_due_sends_none() -> None:
 
 
 async def test_when_every_attempt_fails_the_round_ends_as_the_first_did() -> None:
-    clock = ManualClock()
-    events = Recorder()
-    vendor = Vendor(HELD, HELD)
-    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    events, vendor, task = held_round()
     await settle()
     vendor.answer(1, answer(502))
     vendor.answer(0, timed_out())
@@ -731,10 +726,7 @@ async def test_a_later_call_on_a_manual_clock_is_its_sleep() -> None:
 async def test_a_hedge_answering_as_the_first_attempt_fails_in_one_step_wins() -> None:
     # Both answers in one loop step, the hedge's first: its task is done but its settling
     # (a done callback) comes a step later; the round must not end with the first's failure.
-    clock = ManualClock()
-    events = Recorder()
-    vendor = Vendor(HELD, HELD)
-    task = asyncio.ensure_future(compose([make_hedge(clock, events)], vendor)(make_flow(clock)))
+    events, vendor, task = held_round()
     await settle()
     assert vendor.calls == 2
     vendor.answer(1, answer(results=4))

@@ -12,6 +12,7 @@ import aiohttp
 import pytest
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
+from yarl import URL
 
 from proxy.outbound import ConnectFailed, HeaderInjection, Origin, VendorPool, request_head
 from testkit.certs import tls_files
@@ -94,7 +95,7 @@ async def post(pool: VendorPool, origin: Origin, body: bytes = b"{}", method: st
 
 
 def origin_of(server: Server) -> Origin:
-    return Origin.of("http", "127.0.0.1", server.port)
+    return Origin.of(URL(f"http://127.0.0.1:{server.port}"))
 
 
 async def test_sequential_requests_share_one_connection(server: Server, pool: VendorPool):
@@ -223,14 +224,14 @@ async def test_the_request_head_is_what_the_route_prepared(server: Server, pool:
 
 
 def test_host_headers_leave_out_default_ports_and_bracket_ipv6():
-    assert Origin.of("https", "api.tavily.com", 443).host_header == "api.tavily.com"
-    assert Origin.of("http", "example.com", None).host_header == "example.com"
-    assert Origin.of("http", "::1", 8080).host_header == "[::1]:8080"
-    assert Origin.of("https", "example.com", 8443).host_header == "example.com:8443"
+    assert Origin.of(URL("https://api.tavily.com:443")).host_header == "api.tavily.com"
+    assert Origin.of(URL("http://example.com")).host_header == "example.com"
+    assert Origin.of(URL("http://[::1]:8080")).host_header == "[::1]:8080"
+    assert Origin.of(URL("https://example.com:8443")).host_header == "example.com:8443"
 
 
 def test_bodiless_methods_send_no_length_and_post_says_zero():
-    origin = Origin.of("http", "h", 80)
+    origin = Origin.of(URL("http://h"))
     assert b"Content-Length" not in request_head("GET", "/", origin, [], 0)
     assert b"Content-Length: 0\r\n" in request_head("POST", "/", origin, [], 0)
     assert b"Content-Type: application/octet-stream" in request_head("PUT", "/", origin, [], 3)
@@ -243,7 +244,7 @@ def test_bodiless_methods_send_no_length_and_post_says_zero():
 )
 def test_a_header_holding_cr_or_lf_is_refused(headers: list[tuple[str, str]]):
     with pytest.raises(HeaderInjection):
-        request_head("GET", "/", Origin.of("http", "h", 80), headers, 0)
+        request_head("GET", "/", Origin.of(URL("http://h")), headers, 0)
 
 
 async def test_a_refused_connect_says_so(pool: VendorPool):
@@ -252,7 +253,7 @@ async def test_a_refused_connect_says_so(pool: VendorPool):
     probe.close()
     await probe.wait_closed()
     with pytest.raises(ConnectFailed) as caught:
-        await post(pool, Origin.of("http", "127.0.0.1", port))
+        await post(pool, Origin.of(URL(f"http://127.0.0.1:{port}")))
     assert caught.value.kind == "refused" and isinstance(caught.value.os_error, OSError)
 
 
@@ -266,7 +267,7 @@ async def test_host_names_are_resolved_once_within_the_ttl(server: Server):
 
     vendors = VendorPool(16, 8, keepalive_timeout=0, resolve=resolve)
     try:
-        origin = Origin.of("http", "vendor.test", server.port)
+        origin = Origin.of(URL(f"http://vendor.test:{server.port}"))
         for _ in range(3):
             assert await (await post(vendors, origin)).read() == BODY
         assert asked == ["vendor.test"] and server.connections == 3
@@ -298,7 +299,7 @@ async def test_https_upstreams_verify_the_certificate_and_reuse_connections(tls_
     trusted = ssl.create_default_context(cafile=tls_files().ca)
     vendors = VendorPool(16, 8, keepalive_timeout=15.0, ssl_context=trusted)
     try:
-        origin = Origin.of("https", "localhost", tls_vendor)
+        origin = Origin.of(URL(f"https://localhost:{tls_vendor}"))
         for _ in range(3):
             answer = await post(vendors, origin)
             assert answer.status == 200
@@ -312,7 +313,7 @@ async def test_an_untrusted_certificate_fails_the_connect_as_tls(tls_vendor: int
     vendors = VendorPool(16, 8, keepalive_timeout=15.0)  # the system's CAs: not the test CA
     try:
         with pytest.raises(ConnectFailed) as caught:
-            await post(vendors, Origin.of("https", "localhost", tls_vendor))
+            await post(vendors, Origin.of(URL(f"https://localhost:{tls_vendor}")))
         assert caught.value.kind == "tls_certificate"
     finally:
         vendors.close()
