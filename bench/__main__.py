@@ -39,7 +39,7 @@ from testkit.procs import stop_all
 
 # A group runs its scenarios and hands each one, as soon as it is done, to the callback.
 GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
-    "core": workers.run,  # bench/core.py's figures, then one worker against two
+    "core": workers.run,  # bench/core.py's figures, each policy's cost, one worker against two
     "retries": retries.run,
     "resilience": resilience.run,
     "search": search.run,

@@ -1,5 +1,6 @@
-"""`make bench core`'s last part: the same three paths (no policies, every policy on a miss and on
-a hit) through one worker and through two (`server.workers: 2`), in one sitting, runs alternating.
+"""`make bench core`'s last parts: what each policy costs (bench/chain.py), then the same three
+paths (no policies, every policy on a miss and on a hit) through one worker and through two
+(`server.workers: 2`), in one sitting, runs alternating.
 
 Two workers need Redis, so both sides have it (the every-policy route's limiter and cache then
 talk to it on every miss). This machine has 2 cores and the load has to come from somewhere:
@@ -20,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from bench import core
+from bench import chain, core
 from bench.core import CONNECTIONS, FULL, REPEATS, ROUTE, RUN_SECONDS, WARMUP_SECONDS, WrkRun
 from bench.procs import Pinning, bench_upstream, proxy
 from bench.report import Figure, Scenario, at_least, median, spread
@@ -75,8 +76,10 @@ def _cpu(runs: list[WrkRun], name: str) -> float:
 
 
 def run(pinning: Pinning, emit: Callable[[Scenario], None]) -> None:
-    """`make bench core`: the one-process figures (bench/core.py), then one worker against two."""
+    """`make bench core`: the one-process figures (bench/core.py), each policy's cost
+    (bench/chain.py), then one worker against two."""
     core.run(pinning, emit)
+    emit(chain.run(pinning))
     try:
         emit(_compare(pinning))
     except StartError as exc:
