@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -101,6 +104,23 @@ def median(values: Sequence[float]) -> float:
     ordered = sorted(values)
     mid = len(ordered) // 2
     return ordered[mid] if len(ordered) % 2 else (ordered[mid - 1] + ordered[mid]) / 2
+
+
+def in_turn(items: Sequence[T], round_no: int) -> list[T]:
+    """`items` in the order round `round_no` runs them: forwards, then backwards, and so on,
+    so that no item always runs just after the same one or at the same point of a round."""
+    return list(items) if round_no % 2 == 0 else list(reversed(items))
+
+
+def per_round(
+    values: Sequence[float], against: Sequence[float], combine: Callable[[float, float], float]
+) -> list[float]:
+    """`combine(value, reference)` within each round (the i-th of each list ran in round i):
+    a ratio or a difference taken between runs minutes apart would carry the host's drift
+    between them."""
+    if len(values) != len(against):
+        raise ValueError(f"{len(values)} rounds against {len(against)}")
+    return [combine(v, a) for v, a in zip(values, against, strict=True)]
 
 
 def spread(values: Sequence[float], fmt: str = "{:.0f}") -> str:

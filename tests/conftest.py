@@ -31,6 +31,7 @@ TIER_OF_MODULE = {
     "test_amplification": "e2e",
     "test_backoff": "unit",
     "test_bench_chain": "unit",
+    "test_bench_report": "unit",
     "test_bench_upstream": "integration",
     "test_breaker": "unit",
     "test_breaker_e2e": "integration",
