@@ -397,6 +397,7 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
         state.redis = RedisLink(
             rc, rc.key_prefix, timeout=rc.timeout, events=metrics, clock=state.clock
         )
+        await state.redis.warm()  # a burst at start-up finds its connections open
     metrics.identify(__version__, state.config_hash)
     state.endpoint_metrics = {
         label: metrics.route(label)

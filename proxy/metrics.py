@@ -342,6 +342,12 @@ class Metrics:
             "failover, or a cluster's masters changing).",
             registry=r,
         )
+        self.redis_busy_commands = Counter(
+            "search_proxy_redis_busy",
+            "Redis commands that waited for a free connection (redis.max_connections in flight) "
+            "past the timeout and used in-process state instead.",
+            registry=r,
+        )
         self.degraded_time = _OpenTime()
         r.register(self.degraded_time)  # before its counter, as open_time
         self.redis_degraded_seconds = Counter(
@@ -511,3 +517,6 @@ class Metrics:
 
     def redis_failover(self) -> None:
         self.redis_failovers.inc()
+
+    def redis_busy(self) -> None:
+        self.redis_busy_commands.inc()

@@ -4,6 +4,7 @@ never printed; the client redis-py builds for each, with the link's tight timeou
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -23,6 +24,7 @@ from proxy import cli
 from proxy.config import REDACTED, ConfigError, as_document, parse_config, redacted, secret_values
 from proxy.metrics import Metrics
 from testkit.certs import tls_files
+from testkit.procs import free_port
 from testkit.redisserver import RedisServer
 
 ROUTES = {"routes": {"t": {"prefix": "/t", "upstream": "https://api.tavily.com"}}}
@@ -94,6 +96,7 @@ def test_sentinel_and_cluster_sections() -> None:
             "redis.url: the URL has a password and so has redis.password: keep one",
         ),
         ({"cluster": {"nodes": ["h:1"], "db": 1}}, "redis.cluster.db: unknown key"),
+        ({"max_connections": 0}, "redis.max_connections: expected a whole number from 1 to"),
     ],
 )
 def test_mistakes_name_their_yaml_path(redis: Any, message: str) -> None:
@@ -212,3 +215,77 @@ def test_metrics_show_the_nodes_in_use_failovers_and_time_degraded() -> None:
     assert sample("search_proxy_redis_failovers_total") == 1
     assert sample("search_proxy_redis_node", node="10.0.0.2:6379", role="master") == 1
     assert sample("search_proxy_redis_node", node="10.0.0.1:6379", role="master") is None
+
+
+# --- connections: as many as max_connections, open before the first request ---------------------
+
+
+class Busy(NullEvents):
+    def __init__(self) -> None:
+        self.busy = 0
+
+    def redis_busy(self) -> None:
+        self.busy += 1
+
+
+async def clients(redis_server: RedisServer) -> int:
+    """Connections redis-server has open, less the one asking."""
+    probe = Redis.from_url(redis_server.url)
+    try:
+        info = await probe.info("clients")
+        return int(info["connected_clients"]) - 1
+    finally:
+        await probe.aclose()
+
+
+async def test_a_burst_shares_max_connections_opened_at_start(redis_server: RedisServer) -> None:
+    before = await clients(redis_server)
+    link = RedisLink(RedisConfig(url=redis_server.url, max_connections=3), "t")
+    try:
+        assert await link.warm() is True
+        assert await clients(redis_server) - before == 3  # open before any request
+        # 50 at once, as a burst of requests sends them: none opens a connection of its own.
+        found = await asyncio.gather(*(link.run(lambda r: r.incr("burst")) for _ in range(50)))
+        assert sorted(found) == list(range(1, 51))
+        assert await clients(redis_server) - before == 3
+        assert link.up
+    finally:
+        await link.close()
+
+
+async def test_with_every_connection_busy_a_command_goes_in_process_and_redis_stays_up(
+    redis_server: RedisServer,
+) -> None:
+    events = Busy()
+    link = RedisLink(RedisConfig(url=redis_server.url, max_connections=1), "t", events=events)
+    try:
+        assert await link.warm() is True
+        # A command holding the one connection until told (within the link's 300 ms for a
+        # command); the second waits its 100 ms for a connection, then is told to go in-process.
+        release = asyncio.Event()
+
+        async def hold(r: Redis) -> Any:
+            await release.wait()
+            return await r.incr("held")
+
+        held = asyncio.ensure_future(link.run(hold))
+        await asyncio.sleep(0)
+        assert await link.run(lambda r: r.ping()) is UNAVAILABLE
+        assert events.busy == 1
+        assert link.up  # busy here is not down there: nothing else degrades
+        release.set()
+        assert await held == 1  # the holder ran to its end
+        assert await link.run(lambda r: r.ping()) is True
+        assert events.busy == 1
+    finally:
+        await link.close()
+
+
+async def test_warming_a_redis_that_refuses_marks_it_down_and_start_up_goes_on() -> None:
+    link = RedisLink(RedisConfig(url=f"redis://127.0.0.1:{free_port()}"), "t")
+    try:
+        assert await link.warm() is False
+        assert not link.up
+        assert await link.run(lambda r: r.ping()) is UNAVAILABLE  # in-process until the probe
+    finally:
+        await link.close()

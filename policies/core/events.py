@@ -71,6 +71,10 @@ class Events(Protocol):
     def redis_failover(self) -> None:
         """The master in use changed (Sentinel promoted another, or a cluster's did)."""
 
+    def redis_busy(self) -> None:
+        """A command found every connection of the link busy for as long as it could wait, and
+        its caller used in-process state instead (Redis itself was not marked down)."""
+
 
 class NullEvents:
     """Events that go nowhere (tests and tools that do not care)."""
@@ -127,4 +131,7 @@ class NullEvents:
         pass
 
     def redis_failover(self) -> None:
+        pass
+
+    def redis_busy(self) -> None:
         pass

@@ -61,6 +61,9 @@ class RedisConfig:
     tls: RedisTls | None = None
     key_prefix: str = "search-proxy"
     timeout: float = 0.1
+    # Commands in flight at once per process, so as many connections at most: a burst of
+    # requests waits for a free one rather than opening a connection each.
+    max_connections: int = 16
 
     @property
     def topology(self) -> str:

@@ -8,6 +8,11 @@ first call after that probes again, so recovery needs no operator.
 A command that timed out may still sit in a stalled Redis's input buffer and run when it wakes,
 after its caller moved on. Scripts whose late run would do harm (taking a fetch lock, a token,
 a breaker probe slot) take `not_after()` and refuse to act past it, on Redis's own clock.
+
+At most `max_connections` commands are in flight per process, so a burst of requests shares
+that many connections instead of opening one each: hundreds of connections opened at once would
+hold Redis's client slots, and their set-up, late on a busy loop, would time out and mark a
+healthy Redis down. `warm` opens them before the first request.
 """
 
 from __future__ import annotations
@@ -24,6 +29,7 @@ from redis.asyncio import Redis
 from redis.asyncio.client import PubSub
 from redis.asyncio.cluster import ClusterPubSub, RedisCluster
 from redis.exceptions import RedisClusterException, RedisError
+from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.events import Events, NullEvents
@@ -107,6 +113,7 @@ class RedisLink:
         self._offset_at = 0.0
         self._nodes: tuple[tuple[str, str], ...] = ()
         self._nodes_at = -_NODES_MAX_AGE
+        self._slots = asyncio.Semaphore(self.config.max_connections)
 
     @property
     def publish_command(self) -> str:
@@ -150,12 +157,24 @@ class RedisLink:
         self._offset = None
 
     async def run(self, op: Callable[[Any], Awaitable[T]]) -> T | _Unavailable:
-        """Run `op` against Redis, or return UNAVAILABLE at once when Redis is down."""
+        """Run `op` against Redis, or return UNAVAILABLE at once when Redis is down, or when
+        every connection stayed busy for the link's timeout (this process is busy: Redis is
+        not marked down for it)."""
         if not self.usable():
             return UNAVAILABLE
         if not self._up:
             # One probe per interval, not a stampede of every waiting request.
             self._next_probe = self.clock.now() + self.retry_interval
+        slots = self._slots
+        if slots.locked():
+            try:
+                async with asyncio.timeout(self.timeout):
+                    await slots.acquire()
+            except TimeoutError:
+                self.events.redis_busy()
+                return UNAVAILABLE
+        else:
+            await slots.acquire()  # free: taken without yielding
         try:
             async with asyncio.timeout(self.gives_up_after):
                 if self._offset is None or SYSTEM_CLOCK.now() - self._offset_at > OFFSET_MAX_AGE:
@@ -164,8 +183,36 @@ class RedisLink:
         except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return UNAVAILABLE
+        finally:
+            slots.release()
         self.mark_up()
         return value
+
+    async def warm(self, within: float = 2.0) -> bool:
+        """Open the link's connections (and learn Redis's clock) before the first request, so
+        a burst at start-up finds them open. Start-up waits on nobody: a connection slow to
+        open is tried again until `within` seconds have passed. Whether Redis answered; when
+        it never did, the link is down and shared state starts in-process."""
+        deadline = SYSTEM_CLOCK.now() + within
+        while True:
+            try:
+                async with asyncio.timeout(max(0.0, deadline - SYSTEM_CLOCK.now())):
+                    await self._measure_offset()
+                    # As many PINGs at once as connections allowed: each holds one open.
+                    await asyncio.gather(
+                        *(self.client.ping() for _ in range(self.config.max_connections))
+                    )
+            except REDIS_FAILURES as exc:
+                # Slow (a timeout): try again while there is time. Refused: Redis is down.
+                if not isinstance(exc, TimeoutError | RedisTimeoutError) or (
+                    SYSTEM_CLOCK.now() >= deadline
+                ):
+                    self.mark_down(exc)
+                    return False
+            else:
+                self.mark_up()
+                return True
+            await asyncio.sleep(0.05)
 
     async def _measure_offset(self) -> None:
         # Against the real clock, whatever clock the link was given: Redis's TIME is real time.
@@ -212,13 +259,22 @@ class RedisLink:
         self.events.redis_nodes(found)
 
     async def ping(self) -> bool:
-        """A direct reachability check (readiness), not gated by the down interval."""
+        """A direct reachability check (readiness), not gated by the down interval. With every
+        connection busy for the link's timeout, Redis is answering them: the state known."""
+        slots = self._slots
         try:
-            async with asyncio.timeout(self.timeout * 3):
+            async with asyncio.timeout(self.timeout):
+                await slots.acquire()
+        except TimeoutError:
+            return self._up
+        try:
+            async with asyncio.timeout(self.gives_up_after):
                 await self.client.ping()
         except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return False
+        finally:
+            slots.release()
         self.mark_up()
         return True
 

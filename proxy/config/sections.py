@@ -219,6 +219,7 @@ def parse_redis(raw: Any, path: str) -> RedisConfig:
         "tls": _tls,
         "key_prefix": text,
         "timeout": positive_duration,
+        "max_connections": whole_in(1, 1024),
     }
     values = fields(raw, path, parsers)
     chosen = [k for k in ("url", "sentinel", "cluster") if k in values]
