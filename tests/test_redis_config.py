@@ -281,6 +281,23 @@ async def test_with_every_connection_busy_a_command_goes_in_process_and_redis_st
         await link.close()
 
 
+async def test_a_redis_with_room_for_fewer_connections_is_warmed_up_not_down(
+    redis_server: RedisServer,
+) -> None:
+    admin = Redis.from_url(redis_server.url)
+    before = await clients(redis_server)
+    await admin.config_set("maxclients", before + 1 + 2)  # the admin's, then room for 2 more
+    link = RedisLink(RedisConfig(url=redis_server.url, max_connections=5), "t")
+    try:
+        assert await link.warm() is True  # 2 of 5 connections opened: Redis answers
+        assert link.up
+        assert await link.run(lambda r: r.ping()) is True
+    finally:
+        await link.close()
+        await admin.config_set("maxclients", 10000)
+        await admin.aclose()
+
+
 async def test_warming_a_redis_that_refuses_marks_it_down_and_start_up_goes_on() -> None:
     link = RedisLink(RedisConfig(url=f"redis://127.0.0.1:{free_port()}"), "t")
     try:

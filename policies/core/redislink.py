@@ -162,9 +162,6 @@ class RedisLink:
         not marked down for it)."""
         if not self.usable():
             return UNAVAILABLE
-        if not self._up:
-            # One probe per interval, not a stampede of every waiting request.
-            self._next_probe = self.clock.now() + self.retry_interval
         slots = self._slots
         if slots.locked():
             try:
@@ -173,8 +170,14 @@ class RedisLink:
             except TimeoutError:
                 self.events.redis_busy()
                 return UNAVAILABLE
+            if not self.usable():  # marked down while this one waited
+                slots.release()
+                return UNAVAILABLE
         else:
             await slots.acquire()  # free: taken without yielding
+        if not self._up:
+            # One probe per interval, not a stampede of every waiting request.
+            self._next_probe = self.clock.now() + self.retry_interval
         try:
             async with asyncio.timeout(self.gives_up_after):
                 if self._offset is None or SYSTEM_CLOCK.now() - self._offset_at > OFFSET_MAX_AGE:
@@ -194,24 +197,32 @@ class RedisLink:
         open is tried again until `within` seconds have passed. Whether Redis answered; when
         it never did, the link is down and shared state starts in-process."""
         deadline = SYSTEM_CLOCK.now() + within
+        # A cluster's PING goes to one node unless told: each of its masters has its own pool.
+        where = {"target_nodes": RedisCluster.PRIMARIES} if self.cluster else {}
         while True:
+            failure: BaseException | None = None
             try:
                 async with asyncio.timeout(max(0.0, deadline - SYSTEM_CLOCK.now())):
                     await self._measure_offset()
-                    # As many PINGs at once as connections allowed: each holds one open.
-                    await asyncio.gather(
-                        *(self.client.ping() for _ in range(self.config.max_connections))
+                    # As many PINGs at once as connections allowed: each holds one open. One
+                    # refused (Redis's maxclients) leaves the others open, and Redis up.
+                    answers = await asyncio.gather(
+                        *(self.client.ping(**where) for _ in range(self.config.max_connections)),
+                        return_exceptions=True,
                     )
+                failures = [a for a in answers if isinstance(a, BaseException)]
+                if len(failures) < len(answers):
+                    self.mark_up()
+                    return True
+                failure = failures[0]
             except REDIS_FAILURES as exc:
-                # Slow (a timeout): try again while there is time. Refused: Redis is down.
-                if not isinstance(exc, TimeoutError | RedisTimeoutError) or (
-                    SYSTEM_CLOCK.now() >= deadline
-                ):
-                    self.mark_down(exc)
-                    return False
-            else:
-                self.mark_up()
-                return True
+                failure = exc
+            # Slow (a timeout): try again while there is time. Refused: Redis is down.
+            if not isinstance(failure, TimeoutError | RedisTimeoutError) or (
+                SYSTEM_CLOCK.now() >= deadline
+            ):
+                self.mark_down(failure)
+                return False
             await asyncio.sleep(0.05)
 
     async def _measure_offset(self) -> None:
