@@ -162,23 +162,15 @@ class RedisLink:
         not marked down for it)."""
         if not self.usable():
             return UNAVAILABLE
-        slots = self._slots
-        if slots.locked():
-            try:
-                async with asyncio.timeout(self.timeout):
-                    await slots.acquire()
-            except TimeoutError:
-                self.events.redis_busy()
-                return UNAVAILABLE
-            if not self.usable():  # marked down while this one waited
-                slots.release()
-                return UNAVAILABLE
-        else:
-            await slots.acquire()  # free: taken without yielding
-        if not self._up:
-            # One probe per interval, not a stampede of every waiting request.
-            self._next_probe = self.clock.now() + self.retry_interval
+        if not await self._take_slot():
+            self.events.redis_busy()
+            return UNAVAILABLE
         try:
+            if not self.usable():  # marked down while this one waited for its slot
+                return UNAVAILABLE
+            if not self._up:
+                # One probe per interval, not a stampede of every waiting request.
+                self._next_probe = self.clock.now() + self.retry_interval
             async with asyncio.timeout(self.gives_up_after):
                 if self._offset is None or SYSTEM_CLOCK.now() - self._offset_at > OFFSET_MAX_AGE:
                     await self._measure_offset()
@@ -187,9 +179,20 @@ class RedisLink:
             self.mark_down(exc)
             return UNAVAILABLE
         finally:
-            slots.release()
+            self._slots.release()
         self.mark_up()
         return value
+
+    async def _take_slot(self) -> bool:
+        """One of the `max_connections` slots, waiting up to the link's timeout while all are
+        taken; False when none came free."""
+        if not self._slots.locked():
+            return await self._slots.acquire()  # free: taken without yielding
+        try:
+            async with asyncio.timeout(self.timeout):
+                return await self._slots.acquire()
+        except TimeoutError:
+            return False
 
     async def warm(self, within: float = 2.0) -> bool:
         """Open the link's connections (and learn Redis's clock) before the first request, so
@@ -272,11 +275,7 @@ class RedisLink:
     async def ping(self) -> bool:
         """A direct reachability check (readiness), not gated by the down interval. With every
         connection busy for the link's timeout, Redis is answering them: the state known."""
-        slots = self._slots
-        try:
-            async with asyncio.timeout(self.timeout):
-                await slots.acquire()
-        except TimeoutError:
+        if not await self._take_slot():
             return self._up
         try:
             async with asyncio.timeout(self.gives_up_after):
@@ -285,7 +284,7 @@ class RedisLink:
             self.mark_down(exc)
             return False
         finally:
-            slots.release()
+            self._slots.release()
         self.mark_up()
         return True
 
