@@ -29,6 +29,7 @@ from policies.cache import (
     known_credentials,
     request_directives,
 )
+from policies.cache import entry as entry_module
 from policies.cache import key as key_module
 from policies.cache.key import (
     MAX_CANONICAL_DEPTH,
@@ -562,6 +563,53 @@ def test_only_headers_worth_replaying_are_kept() -> None:
     entry = entry_from_reply(reply, 1.0)
     assert entry.headers == (("Content-Type", "application/json"), ("ETag", '"v1"'))
     assert entry.body == BODY
+
+
+def test_entries_share_the_headers_a_vendor_repeats(monkeypatch: pytest.MonkeyPatch) -> None:
+    """10,000 entries of one vendor keep one copy of its Content-Type, not 10,000."""
+    monkeypatch.setattr(entry_module, "_shared", {})
+    first = entry_from_reply(ok(), 1.0)
+    second = entry_from_reply(ok(), 2.0)
+    assert first.headers == (("Content-Type", "application/json"),)
+    assert second.headers is first.headers
+    stored = Entry.from_bytes(first.to_bytes())  # an entry read back from Redis too
+    assert stored.headers is first.headers
+    # An ETag is the answer's own: never shared, and the table does not fill with them.
+    tagged = [entry_from_reply(ok(ETag=f'"v{n}"'), 1.0) for n in range(3)]
+    assert [e.headers[1] for e in tagged] == [("ETag", f'"v{n}"') for n in range(3)]
+    assert entry_module._shared == {first.headers: first.headers}
+
+
+def test_the_shared_headers_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A vendor that sends a new Content-Type every time fills the table once; later sets are
+    kept as they come."""
+    monkeypatch.setattr(entry_module, "_shared", {})
+    made = [
+        entry_from_reply(ok(Content_Type=f"application/x-{n}"), 1.0)
+        for n in range(entry_module._SHARED_MAX + 5)
+    ]
+    assert len(entry_module._shared) == entry_module._SHARED_MAX
+    late = made[-1].headers
+    assert late == (("Content-Type", f"application/x-{entry_module._SHARED_MAX + 4}"),)
+    assert entry_from_reply(ok(Content_Type=late[0][1]), 2.0).headers is not late
+
+
+def test_the_store_counts_entries_with_headers_back_to_zero() -> None:
+    """Sizes are read again on removal: every way out gives back what keeping took."""
+    clock = ManualClock()
+    store = MemoryStore(retain=30.0, max_entries=3, max_bytes=10**6, clock=clock)
+    made = [entry_from_reply(ok(b"x" * n, ETag=f'"v{n}"'), clock.wall()) for n in range(5)]
+    for n, kept in enumerate(made):
+        store.keep(f"t:{n}", kept)  # t:0 and t:1 are evicted
+    assert store.nbytes == made[2].size + made[3].size + made[4].size
+    store.keep("t:4", made[0])  # replaced
+    assert store.nbytes == made[2].size + made[3].size + made[0].size
+    clock.advance(30.0)
+    assert store.peek("t:2") is None  # past retention
+    assert store.nbytes == made[3].size + made[0].size
+    for key in ("t:3", "t:4"):
+        assert store.peek(key) is None
+    assert store.nbytes == 0 and len(store) == 0
 
 
 def entry(size: int, stored_at: float = 1_700_000_000.0) -> Entry:

@@ -20,6 +20,13 @@ _VERSION = 1
 # version, stored_at (wall seconds), status, length of the JSON header list; then the body.
 _HEAD = struct.Struct(">BdHI")
 _ENTRY_OVERHEAD = 96  # the bookkeeping of one LRU slot, so tiny entries are not free
+# A vendor answers with the same Content-Type every time: entries share one tuple of such
+# headers instead of keeping a copy each (about 170 of an entry's ~1,950 bytes). Only headers
+# whose values repeat are shared, and at most _SHARED_MAX sets, so a vendor that varies them
+# fills the table once and later sets are kept as they come.
+_SHARED_NAMES = frozenset({"content-type", "content-language"})
+_SHARED_MAX = 64
+_shared: dict[tuple[tuple[str, str], ...], tuple[tuple[str, str], ...]] = {}
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,7 +67,7 @@ class Entry:
             for p in pairs
         ):
             raise ValueError("cache entry headers are not a list of name/value pairs")
-        headers = tuple((name, value) for name, value in pairs)
+        headers = _share(tuple((name, value) for name, value in pairs))
         return cls(status, headers, data[start + head_len :], stored_at)
 
     def reply(self) -> Reply:
@@ -71,7 +78,17 @@ class Entry:
 def entry_from_reply(reply: Reply, stored_at: float) -> Entry:
     """The entry to store for a (non-streamed) reply."""
     headers = tuple((k, v) for k, v in reply.headers.items() if k.lower() in _REPLAYED_HEADERS)
-    return Entry(reply.status, headers, reply.body, stored_at, reply.outcome)
+    return Entry(reply.status, _share(headers), reply.body, stored_at, reply.outcome)
+
+
+def _share(headers: tuple[tuple[str, str], ...]) -> tuple[tuple[str, str], ...]:
+    """The shared copy of `headers`, when they are all of the kind whose values repeat."""
+    found = _shared.get(headers)
+    if found is not None:
+        return found
+    if len(_shared) < _SHARED_MAX and all(k.lower() in _SHARED_NAMES for k, _ in headers):
+        _shared[headers] = headers
+    return headers
 
 
 # Headers that make an answer one client's own: a session it opened (MCP's Mcp-Session-Id, a

@@ -60,7 +60,9 @@ class MemoryStore:
         self.max_entries = max_entries
         self.max_bytes = max_bytes
         self.clock = clock
-        self._entries: OrderedDict[str, tuple[Entry, int]] = OrderedDict()
+        # Entries alone: a size is read again on removal (`Entry.size` is a few additions), so a
+        # slot does not hold a tuple and an int besides (88 of an entry's ~1,950 bytes).
+        self._entries: OrderedDict[str, Entry] = OrderedDict()
         self._bytes = 0
 
     def __len__(self) -> int:
@@ -77,14 +79,14 @@ class MemoryStore:
 
     def peek(self, key: str) -> Entry | None:
         """The entry for `key` unless past retention; marks it recently used."""
-        slot = self._entries.get(key)
-        if slot is None:
+        entry = self._entries.get(key)
+        if entry is None:
             return None
-        if slot[0].stored_at + self.retain <= self.clock.wall():
+        if entry.stored_at + self.retain <= self.clock.wall():
             self._remove(key)
             return None
         self._entries.move_to_end(key)
-        return slot[0]
+        return entry
 
     def keep(self, key: str, entry: Entry) -> None:
         """Store `entry`, evicting the least recently used until both bounds hold."""
@@ -93,15 +95,14 @@ class MemoryStore:
             self._remove(key)
         if size > self.max_bytes or entry.stored_at + self.retain <= self.clock.wall():
             return
-        self._entries[key] = (entry, size)
+        self._entries[key] = entry
         self._bytes += size
         while len(self._entries) > self.max_entries or self._bytes > self.max_bytes:
-            _, (_, evicted) = self._entries.popitem(last=False)
-            self._bytes -= evicted
+            _, evicted = self._entries.popitem(last=False)
+            self._bytes -= evicted.size
 
     def _remove(self, key: str) -> None:
-        _, size = self._entries.pop(key)
-        self._bytes -= size
+        self._bytes -= self._entries.pop(key).size
 
     async def lookup(self, key: str, fresh_after: float, ask: LockAsk | None = None) -> Found:
         # One process: the policy's in-flight map already makes one fetch per key.
