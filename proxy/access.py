@@ -7,13 +7,11 @@ import random
 import re
 from typing import Any
 
-import structlog
 from multidict import CIMultiDictProxy
 
 from policies.core.flow import Trace
+from proxy.logs import info_line
 from proxy.redact import redact_query
-
-log = structlog.get_logger("search_proxy")
 
 _REQUEST_ID = re.compile(r"^[A-Za-z0-9._:-]{1,128}$")
 
@@ -58,17 +56,19 @@ def access_line(
     error: str | None,
 ) -> None:
     """The access-log line of one finished request (`request`: its method, path and query)."""
-    log.info(
-        "request",
-        request_id=rid,
-        route=route,
-        method=request.method,
-        path=request.path,
-        query=redact_query(request.query_string) if request.query_string else None,
-        status=status,
-        duration_ms=round(elapsed * 1000, 2),
-        **fields,
-        cut=cut,
-        bytes=written,
-        error=error,
+    info_line(
+        {
+            "request_id": rid,
+            "route": route,
+            "method": request.method,
+            "path": request.path,
+            "query": redact_query(request.query_string) if request.query_string else None,
+            "status": status,
+            "duration_ms": round(elapsed * 1000, 2),
+            **fields,
+            "cut": cut,
+            "bytes": written,
+            "error": error,
+            "event": "request",
+        }
     )

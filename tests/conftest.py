@@ -1,8 +1,10 @@
 """Each test module's tier, and shared fixtures: a real redis-server for the whole run, a private
-one for kill tests, the fake vendor and a proxy in front of it."""
+one for kill tests, the fake vendor and a proxy in front of it, the process's logging set up."""
 
 from __future__ import annotations
 
+import io
+import logging
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from typing import Any
 
@@ -15,6 +17,7 @@ from policies.core.redislink import RedisLink
 from proxy.app import build_admin_app, build_app
 from proxy.config import parse_config
 from proxy.guard import GuardedRunner
+from proxy.logs import configure_logging, reset_logging
 from proxy.state import STATE
 from testkit.fakevendor import FakeVendor
 from testkit.redisserver import RedisServer
@@ -85,6 +88,7 @@ TIER_OF_MODULE = {
     "test_status": "integration",
     "test_status_page": "e2e",
     "test_readme": "e2e",
+    "test_logs": "unit",
     "test_redact": "unit",
     "test_redirects": "unit",
     "test_retries": "integration",
@@ -234,3 +238,29 @@ def admin_of(aiohttp_client: Any) -> Callable[[Any], Awaitable[Any]]:
         return await aiohttp_client(build_admin_app(proxy_client.app))
 
     return admin
+
+
+@pytest.fixture
+def configured_log() -> Iterator[Callable[..., io.BytesIO]]:
+    """configure_logging as the process runs it (a level, JSON), into a buffer it returns;
+    logging as it was afterwards."""
+    root = logging.getLogger()
+    handlers, level = list(root.handlers), root.level
+    streams: list[io.TextIOWrapper] = []
+
+    def configure(log_level: str, secrets: tuple[str, ...] = ()) -> io.BytesIO:
+        raw = io.BytesIO()
+        stream = io.TextIOWrapper(raw, write_through=True)  # kept: collecting it closes `raw`
+        streams.append(stream)
+        configure_logging(log_level, "json", stream, secrets=secrets)
+        return raw
+
+    try:
+        yield configure
+    finally:
+        for stream in streams:
+            stream.detach()
+        root.handlers[:] = handlers
+        root.setLevel(level)
+        logging.captureWarnings(False)
+        reset_logging()

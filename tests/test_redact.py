@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import json
 import logging
-from collections.abc import Iterator
+from collections.abc import Callable
 
 import pytest
 import structlog
@@ -15,7 +15,7 @@ import structlog
 from policies.core.credentials import is_credential_name
 from proxy.config import ConfigError, parse_config, redacted, secret_values
 from proxy.guard import _problem
-from proxy.logs import Redactor, configure_logging, redact_value
+from proxy.logs import Redactor, redact_value
 from proxy.redact import REDACTED, redact_bytes, redact_query, redact_text, redact_url
 
 # Names from the issue and from vendors' documentation: every one is a credential by the rule.
@@ -168,21 +168,8 @@ def test_the_configs_own_secrets_are_hidden_in_any_text() -> None:
 
 
 @pytest.fixture
-def json_log() -> Iterator[io.BytesIO]:
-    """configure_logging as the process runs it, into a buffer; logging restored afterwards."""
-    root = logging.getLogger()
-    handlers, level = list(root.handlers), root.level
-    raw = io.BytesIO()
-    stream = io.TextIOWrapper(raw, write_through=True)  # kept: collecting it closes `raw`
-    configure_logging("debug", "json", stream)
-    try:
-        yield raw
-    finally:
-        stream.detach()
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        logging.captureWarnings(False)
-        structlog.reset_defaults()
+def json_log(configured_log: Callable[[str], io.BytesIO]) -> io.BytesIO:
+    return configured_log("debug")
 
 
 def lines(raw: io.BytesIO) -> list[dict[str, object]]:
