@@ -114,7 +114,12 @@ class AgentRequest:
 
     @property
     def path(self) -> str:
-        """The path, percent-decoded (as aiohttp's Request.path)."""
+        """The path, percent-decoded (as aiohttp's Request.path); one with nothing to decode
+        is the target's own, without building the URL."""
+        if self._url is None:
+            path = self.raw_path.partition("#")[0].partition("?")[0]
+            if "%" not in path:
+                return path
         return self.url.path
 
     @property

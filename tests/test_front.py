@@ -10,6 +10,8 @@ import json
 from typing import Any
 
 import pytest
+import structlog
+from aiohttp.test_utils import make_mocked_request
 
 from proxy.guard import ClientConnection, GuardedServer
 from testkit.fakevendor import FakeVendor, Fault
@@ -260,6 +262,21 @@ async def test_the_request_id_and_forwarded_headers_reach_the_vendor(vendor, sta
     assert sent["X-Request-Id"] == "front-1"
     assert sent["X-Forwarded-For"] == "10.0.0.1, 127.0.0.1"
     assert sent["X-Forwarded-Host"] == "proxy" and sent["X-Forwarded-Proto"] == "http"
+    raw.close()
+
+
+async def test_the_access_line_shows_the_path_as_aiohttp_decodes_it(vendor, start_proxy):
+    client = await start_proxy(one_route(vendor))
+    raw = await Raw.to(client)
+    targets = ["/v/echo", "/v/echo/a+b;c=d?q=%41", "/v/echo/a%20b%3Bc?x=1", "/v/echo/%C3%BC#f"]
+    with structlog.testing.capture_logs() as logs:
+        for target in targets:
+            await raw.send(post(target, b"{}"))
+            answer = await raw.answer()
+            assert answer[0] == 200, (target, answer)
+    paths = [line["path"] for line in logs if line["event"] == "request"]
+    assert paths == [make_mocked_request("POST", target).path for target in targets]
+    assert paths[1:] == ["/v/echo/a+b;c=d", "/v/echo/a b;c", "/v/echo/ü"]
     raw.close()
 
 
