@@ -125,20 +125,22 @@ class Stamp:
     `2026-11-29T04:45:44.838538Z`. The date and time of day are formatted once a second, not
     once a line, and the six digits are always there (lines sort as text)."""
 
-    __slots__ = ("_now", "_prefix", "_second")
+    __slots__ = ("_now", "_second")
 
     def __init__(self, now: Callable[[], float] = time.time) -> None:
         self._now = now
-        self._second = -1
-        self._prefix = ""
+        # The second and its text, as one tuple: a thread logging at once never pairs a
+        # second with another second's text.
+        self._second: tuple[int, str] = (-1, "")
 
     def __call__(self, _: Any, __: str, event: dict[str, Any]) -> dict[str, Any]:
         now = self._now()
-        second = int(now)
-        if second != self._second:
-            self._prefix = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
-            self._second = second
-        event["timestamp"] = f"{self._prefix}.{int((now - second) * 1_000_000):06d}Z"
+        second, text = self._second
+        if int(now) != second:
+            second = int(now)
+            text = time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(second))
+            self._second = (second, text)
+        event["timestamp"] = f"{text}.{int((now - second) * 1_000_000):06d}Z"
         return event
 
 

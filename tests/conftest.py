@@ -242,17 +242,17 @@ def admin_of(aiohttp_client: Any) -> Callable[[Any], Awaitable[Any]]:
 
 @pytest.fixture
 def configured_log() -> Iterator[Callable[..., io.BytesIO]]:
-    """configure_logging as the process runs it (a level, JSON), into a buffer it returns;
-    logging as it was afterwards."""
+    """configure_logging as the process runs it (a level, JSON unless told), into a buffer it
+    returns; logging as it was afterwards."""
     root = logging.getLogger()
     handlers, level = list(root.handlers), root.level
     streams: list[io.TextIOWrapper] = []
 
-    def configure(log_level: str, secrets: tuple[str, ...] = ()) -> io.BytesIO:
+    def configure(log_level: str, secrets: tuple[str, ...] = (), fmt: str = "json") -> io.BytesIO:
         raw = io.BytesIO()
         stream = io.TextIOWrapper(raw, write_through=True)  # kept: collecting it closes `raw`
         streams.append(stream)
-        configure_logging(log_level, "json", stream, secrets=secrets)
+        configure_logging(log_level, fmt, stream, secrets=secrets)
         return raw
 
     try:

@@ -96,6 +96,14 @@ def test_the_access_line_follows_structlog_when_it_is_set_up_again(
     assert [line["status"] for line in lines(second)] == [201]
 
 
+def test_console_lines_take_the_same_way(configured_log: Configure) -> None:
+    raw = configured_log("info", fmt="console")
+    info_line({"status": 200, "api_key": "S1", "event": "request"})
+    text = raw.getvalue().decode()
+    assert "request" in text and "status=200" in text and f"api_key={REDACTED}" in text
+    assert "S1" not in text
+
+
 def test_at_level_warning_no_access_line_is_written(configured_log: Configure) -> None:
     raw = configured_log("warning")
     info_line({"status": 200, "event": "request"})
