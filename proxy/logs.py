@@ -154,18 +154,21 @@ class _InfoLines:
     anew (a reset, another set-up), it writes through structlog again. Processors changed in
     place (`structlog.testing.capture_logs`) are seen as they are."""
 
-    __slots__ = ("_factory", "_logger", "_processors")
+    __slots__ = ("_factory", "_logger", "_processors", "_wrapper")
 
     def __init__(self) -> None:
         config = structlog.get_config()
         self._processors: list[Any] = config["processors"]
         self._factory = config["logger_factory"]
+        self._wrapper = config["wrapper_class"]  # its level is LEVEL.info's
         self._logger = self._factory()
 
     def current(self) -> bool:
         config = structlog.get_config()
         return (
-            config["processors"] is self._processors and config["logger_factory"] is self._factory
+            config["processors"] is self._processors
+            and config["logger_factory"] is self._factory
+            and config["wrapper_class"] is self._wrapper
         )
 
     def write(self, event: dict[str, Any]) -> None:
@@ -246,11 +249,10 @@ def info_line(event: dict[str, Any]) -> None:
     """`log.info(event["event"], **the rest)`, at a third less cost once configure_logging has
     run: for a line written once per request. `event` is the line's fields in order, "event"
     (its name) last; it is consumed."""
-    if not LEVEL.info:
-        return
     lines = _INFO_LINES
     if lines is not None and lines.current():
-        lines.write(event)
+        if LEVEL.info:  # the level configure_logging set, which structlog still has
+            lines.write(event)
         return
     name = event.pop("event")
     structlog.get_logger("search_proxy").info(name, **event)

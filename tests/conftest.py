@@ -248,11 +248,13 @@ def configured_log() -> Iterator[Callable[..., io.BytesIO]]:
     handlers, level = list(root.handlers), root.level
     streams: list[io.TextIOWrapper] = []
 
-    def configure(log_level: str, secrets: tuple[str, ...] = (), fmt: str = "json") -> io.BytesIO:
+    def configure(
+        log_level: str, secrets: tuple[str, ...] = (), fmt: str = "json", worker: int | None = None
+    ) -> io.BytesIO:
         raw = io.BytesIO()
         stream = io.TextIOWrapper(raw, write_through=True)  # kept: collecting it closes `raw`
         streams.append(stream)
-        configure_logging(log_level, fmt, stream, secrets=secrets)
+        configure_logging(log_level, fmt, stream, secrets=secrets, worker=worker)
         return raw
 
     try:

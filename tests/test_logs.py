@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 from collections.abc import Callable
 from typing import Any
 
@@ -45,7 +46,8 @@ def test_a_line_is_timed_in_utc_to_the_microsecond_with_six_digits_always() -> N
 
 
 def test_the_access_line_is_the_line_log_info_writes(configured_log: Configure) -> None:
-    raw = configured_log("info", ("sk-config-secret-1",))
+    raw = configured_log("info", ("sk-config-secret-1",), worker=3)
+    structlog.contextvars.bind_contextvars(session="Bearer S4-token")  # bound context: merged
     event = {
         "request_id": "sk-config-secret-1",  # a configured secret, wherever it is
         "route": "tavily",
@@ -60,12 +62,14 @@ def test_the_access_line_is_the_line_log_info_writes(configured_log: Configure) 
     info_line(dict(event))
     fields = {name: value for name, value in event.items() if name != "event"}
     structlog.get_logger("search_proxy").info("request", **fields)
+    structlog.contextvars.clear_contextvars()
     fast, slow = lines(raw)
     del fast["timestamp"], slow["timestamp"]
     assert list(fast) == list(slow) and fast == slow
+    assert fast["worker"] == 3 and fast["session"] == REDACTED
     assert fast["request_id"] == fast["api_key"] == REDACTED
     assert fast["detail"] == f"Authorization: {REDACTED}" and fast["level"] == "info"
-    assert "S2" not in raw.getvalue().decode() and "S3" not in raw.getvalue().decode()
+    assert not any(secret in raw.getvalue().decode() for secret in ("S2", "S3", "S4"))
 
 
 def test_the_access_line_carries_the_requests_fields_redacted(configured_log: Configure) -> None:
@@ -99,9 +103,22 @@ def test_the_access_line_follows_structlog_when_it_is_set_up_again(
 def test_console_lines_take_the_same_way(configured_log: Configure) -> None:
     raw = configured_log("info", fmt="console")
     info_line({"status": 200, "api_key": "S1", "event": "request"})
-    text = raw.getvalue().decode()
-    assert "request" in text and "status=200" in text and f"api_key={REDACTED}" in text
-    assert "S1" not in text
+    structlog.get_logger("search_proxy").info("request", status=200, api_key="S1")
+    fast, slow = (line.split(" ", 1)[1] for line in raw.getvalue().decode().splitlines())
+    assert fast == slow and "status=200" in fast and f"api_key={REDACTED}" in fast
+    assert "S1" not in raw.getvalue().decode()
+
+
+def test_a_level_set_behind_configure_loggings_back_is_followed(configured_log: Configure) -> None:
+    raw = configured_log("info")
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(logging.ERROR))
+    info_line({"status": 200, "event": "request"})
+    assert raw.getvalue() == b""  # structlog's level now: error
+    configured_log("warning")
+    structlog.reset_defaults()  # structlog's defaults print every level again
+    with structlog.testing.capture_logs() as captured:
+        info_line({"status": 201, "event": "request"})
+    assert captured == [{"status": 201, "event": "request", "log_level": "info"}]
 
 
 def test_at_level_warning_no_access_line_is_written(configured_log: Configure) -> None:
