@@ -126,7 +126,10 @@ class AgentRequest:
 
     @property
     def query_string(self) -> str:
-        """The query, percent-decoded (as aiohttp's Request.query_string)."""
+        """The query, percent-decoded (as aiohttp's Request.query_string); "" for a target
+        without one, without building the URL."""
+        if self._url is None and "?" not in self.raw_path:
+            return ""
         return self.url.query_string
 
     async def read(self) -> bytes:
