@@ -37,8 +37,9 @@ def split_target(raw: str) -> tuple[str, str]:
             "request target must be a path like /tavily/search; absolute URIs and "
             "protocol-relative paths are refused"
         )
-    path, _, query = raw.partition("?")
-    path = path.partition("#")[0]
+    # A fragment (which no client sends) runs from the first '#' to the end, a '?' in it
+    # included: never routed, never forwarded.
+    path, _, query = raw.partition("#")[0].partition("?")
     if "\\" in path or _STRUCTURAL_ESCAPE.search(path) or "\x00" in unquote(path):
         raise BadRequest("request path must not contain encoded slashes, dots or backslashes")
     if any(seg in (".", "..") for seg in path.split("/")):

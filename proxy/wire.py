@@ -106,11 +106,11 @@ class AgentRequest:
 
     @property
     def url(self) -> URL:
-        """The target as the router splits it (the path before any '?', neither part with a
-        fragment), built as aiohttp's parser builds it; asked only for the access line."""
+        """The target as the router splits it (a fragment, from the first '#', dropped; path
+        and query at the '?'), built as aiohttp's parser builds it; asked only for the access
+        line."""
         if self._url is None:
-            path, _, query = self.raw_path.partition("?")  # as the router splits it
-            path, query = path.partition("#")[0], query.partition("#")[0]
+            path, _, query = self.raw_path.partition("#")[0].partition("?")  # as routed
             self._url = URL.build(path=path, query_string=query, encoded=True)
         return self._url
 
@@ -119,7 +119,7 @@ class AgentRequest:
         """The path, percent-decoded (as aiohttp's Request.path); one with nothing to decode
         is the target's own, without building the URL."""
         if self._url is None:
-            path = self.raw_path.partition("?")[0].partition("#")[0]
+            path = self.raw_path.partition("#")[0].partition("?")[0]
             if "%" not in path:
                 return path
         return self.url.path
