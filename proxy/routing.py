@@ -30,6 +30,14 @@ class Target:
     query_string: str
 
 
+def target_parts(raw: str) -> tuple[str, str]:
+    """A request target's path and query, as they are routed, forwarded and logged: a
+    fragment (which no client sends) runs from the first '#' to the end, a '?' in it
+    included, and is part of neither."""
+    path, _, query = raw.partition("#")[0].partition("?")
+    return path, query
+
+
 def split_target(raw: str) -> tuple[str, str]:
     """Split an origin-form request target into path and query, refusing every other form."""
     if not raw.startswith("/") or raw.startswith("//"):
@@ -37,9 +45,7 @@ def split_target(raw: str) -> tuple[str, str]:
             "request target must be a path like /tavily/search; absolute URIs and "
             "protocol-relative paths are refused"
         )
-    # A fragment (which no client sends) runs from the first '#' to the end, a '?' in it
-    # included: never routed, never forwarded.
-    path, _, query = raw.partition("#")[0].partition("?")
+    path, query = target_parts(raw)
     if "\\" in path or _STRUCTURAL_ESCAPE.search(path) or "\x00" in unquote(path):
         raise BadRequest("request path must not contain encoded slashes, dots or backslashes")
     if any(seg in (".", "..") for seg in path.split("/")):

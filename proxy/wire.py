@@ -22,6 +22,7 @@ from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from policies.core.errors import seconds_text
+from proxy.routing import target_parts
 
 if TYPE_CHECKING:
     from proxy.front import AgentConnection
@@ -106,11 +107,10 @@ class AgentRequest:
 
     @property
     def url(self) -> URL:
-        """The target as the router splits it (a fragment, from the first '#', dropped; path
-        and query at the '?'), built as aiohttp's parser builds it; asked only for the access
-        line."""
+        """The target as it is routed (`target_parts`), built as aiohttp's parser builds it;
+        asked only for the access line."""
         if self._url is None:
-            path, _, query = self.raw_path.partition("#")[0].partition("?")  # as routed
+            path, query = target_parts(self.raw_path)
             self._url = URL.build(path=path, query_string=query, encoded=True)
         return self._url
 
@@ -119,7 +119,7 @@ class AgentRequest:
         """The path, percent-decoded (as aiohttp's Request.path); one with nothing to decode
         is the target's own, without building the URL."""
         if self._url is None:
-            path = self.raw_path.partition("#")[0].partition("?")[0]
+            path = target_parts(self.raw_path)[0]
             if "%" not in path:
                 return path
         return self.url.path
