@@ -9,19 +9,14 @@ import time
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from prometheus_client import (
-    CollectorRegistry,
-    Counter,
-    Gauge,
-    Histogram,
-    ProcessCollector,
-    disable_created_metrics,
-)
+from prometheus_client import CollectorRegistry, ProcessCollector, disable_created_metrics
+from prometheus_client import Gauge as ReadGauge
 from prometheus_client.metrics_core import Metric
 from prometheus_client.registry import Collector
 
 from policies.core.memory import MemoryBudget
 from policies.core.outcome import Outcome
+from proxy.loopmetrics import Counter, CounterSeries, Gauge, Histogram
 
 # The *_created series double the exposition and no dashboard reads them.
 disable_created_metrics()  # type: ignore[no-untyped-call]  # prometheus-client: unannotated
@@ -82,7 +77,7 @@ class _OpenTime(Collector):
 
     def __init__(self, now: Callable[[], float] = time.monotonic) -> None:
         self.now = now
-        self.counter: Callable[[str], Counter] | None = None  # the counter child of a key
+        self.counter: Callable[[str], CounterSeries] | None = None  # the counter child of a key
         self.counted_to: dict[str, float] = {}  # key -> time counted up to, while counted
 
     def transition(self, key: str, state: str) -> None:
@@ -356,7 +351,7 @@ class Metrics:
             "scrape.",
             registry=r,
         )
-        self.degraded_time.counter = lambda _: self.redis_degraded_seconds
+        self.degraded_time.counter = lambda _: self.redis_degraded_seconds.labels()
         self.build_info = Gauge(
             "search_proxy_build_info",
             "Always 1; the version of search-proxy serving.",
@@ -380,7 +375,7 @@ class Metrics:
             self.config_reloads.labels(result)
         for to in ("up", "down"):
             self.redis_transitions.labels(to)
-        self.buffered_bytes = Gauge(
+        self.buffered_bytes = ReadGauge(  # read at each scrape (set_function)
             "search_proxy_buffered_bytes",
             "Bytes of bodies held in memory now (agents' bodies, buffered answers), against "
             "server.max_buffered_bytes.",

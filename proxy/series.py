@@ -5,8 +5,7 @@ start-up and by each reload) so a dashboard panel reads 0 before the first reque
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping, Sequence
-
-from prometheus_client.metrics import MetricWrapperBase
+from typing import Any
 
 from policies.breaker import Breaker
 from policies.cache import StaleCache
@@ -17,6 +16,7 @@ from policies.ratelimit import RateLimit
 from policies.retry import SECTION as RETRY
 from policies.retry import retry_reasons
 from policies.search import SearchRecovery
+from proxy.loopmetrics import Family
 from proxy.metrics import BREAKER_STATES, Metrics
 from proxy.pipeline import Route
 
@@ -133,12 +133,12 @@ def _policy(m: Metrics, name: str, policy: object) -> set[str]:
     return set()
 
 
-def _each(metric: MetricWrapperBase, route: str, values: Iterable[str]) -> None:
+def _each(metric: Family[Any], route: str, values: Iterable[str]) -> None:
     for value in values:
         metric.labels(route, value)
 
 
-def _metric(m: Metrics, family: str) -> MetricWrapperBase:
+def _metric(m: Metrics, family: str) -> Family[Any]:
     found = getattr(m, family)
-    assert isinstance(found, MetricWrapperBase)
+    assert isinstance(found, Family)
     return found

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from typing import Any
 
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
 from proxy.config import Config, secret_values
 from proxy.logs import Redactor, redact_value
@@ -40,7 +40,7 @@ class Tick:
     hits: Mapping[str, tuple[float, float]]  # route -> (cache hits, cache lookups)
 
 
-def _samples(metric: MetricWrapperBase, suffix: str) -> Iterable[tuple[dict[str, str], float]]:
+def _samples(metric: Collector, suffix: str) -> Iterable[tuple[dict[str, str], float]]:
     for family in metric.collect():
         for sample in family.samples:
             if sample.name.endswith(suffix):

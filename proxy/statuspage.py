@@ -13,7 +13,7 @@ from typing import Any
 
 import orjson
 from aiohttp import web
-from prometheus_client.metrics import MetricWrapperBase
+from prometheus_client.registry import Collector
 
 from policies.cache import MemoryStore, TieredStore
 from policies.core.settings import rate_text
@@ -51,7 +51,7 @@ PAGE_HEADERS = {
 BODY = PAGE.replace("{style}", STYLE).replace("{script}", SCRIPT).encode()
 
 
-def _by_route(metric: MetricWrapperBase) -> dict[str, dict[str, float]]:
+def _by_route(metric: Collector) -> dict[str, dict[str, float]]:
     """A counter's totals by route, then by its last label (summed over any in between)."""
     found: dict[str, dict[str, float]] = {}
     for family in metric.collect():
@@ -64,7 +64,7 @@ def _by_route(metric: MetricWrapperBase) -> dict[str, dict[str, float]]:
     return found
 
 
-def _gauges(metric: MetricWrapperBase) -> dict[str, float]:
+def _gauges(metric: Collector) -> dict[str, float]:
     return {s.labels["route"]: s.value for family in metric.collect() for s in family.samples}
 
 

@@ -89,6 +89,7 @@ TIER_OF_MODULE = {
     "test_status_page": "e2e",
     "test_readme": "e2e",
     "test_logs": "unit",
+    "test_loopmetrics": "unit",
     "test_redact": "unit",
     "test_redirects": "unit",
     "test_retries": "integration",

@@ -44,6 +44,7 @@ from yamllint.config import YamlLintConfig
 from proxy import cli
 from proxy.app import STATE
 from proxy.config import load_config, parse_duration
+from proxy.loopmetrics import Family
 from proxy.metrics import BREAKER_STATES, RELOAD_RESULTS, STATUS_CLASSES
 from testkit.fakevendor import Fault
 from testkit.procs import Child, free_port
@@ -309,10 +310,13 @@ async def test_dashboard_and_alerts_query_only_metrics_the_proxy_exports(
             with_samples.add(fam.name)
     metrics = client.app[STATE].metrics
     families = {
-        m._name: (m._type, tuple(m._labelnames))
+        m.name: (m.kind, m.labelnames) for m in vars(metrics).values() if isinstance(m, Family)
+    }
+    families.update(
+        (m._name, (m._type, tuple(m._labelnames)))
         for m in vars(metrics).values()
         if isinstance(m, MetricWrapperBase)
-    }
+    )
     # Counters are exposed as foo_total (the family "foo"), histograms as foo_bucket/_sum/_count.
     for name, (kind, _) in families.items():
         if name in exposed and kind == "counter":

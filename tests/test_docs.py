@@ -21,11 +21,13 @@ from typing import Any
 
 import pytest
 import yaml
+from prometheus_client.metrics import MetricWrapperBase
 
 from proxy import oauth
 from proxy.app import build_admin_app, build_app
 from proxy.config import ConfigErrors, parse_config
 from proxy.fleetmetrics import FLEET_METRICS, FLEET_RULES
+from proxy.loopmetrics import Family
 from proxy.metrics import Metrics
 from proxy.reload import RESTART_ONLY
 from proxy.testing.harness import DEMO_CONFIG
@@ -224,12 +226,15 @@ def exported_metrics() -> dict[str, tuple[str, ...]]:
     metrics.redis_is_configured(True)
     registry = metrics.registry
     for collector in registry._collector_to_names:  # the registry's own table
-        name = getattr(collector, "_name", None)
-        if name is None:
-            continue  # a collector updating another's value at scrape time
-        kind = getattr(collector, "_type", "")
+        if isinstance(collector, Family):  # proxy/loopmetrics.py
+            name, kind, labels = collector.name, collector.kind, collector.labelnames
+        elif isinstance(collector, MetricWrapperBase):  # prometheus-client's own
+            name, kind = collector._name, collector._type
+            labels = tuple(collector._labelnames)
+        else:
+            continue  # a collector updating another's value at scrape time, or process_*
         exposed = f"{name}_total" if kind == "counter" else name
-        out[exposed] = tuple(getattr(collector, "_labelnames", ()))
+        out[exposed] = labels
     for name, (kind, _) in FLEET_METRICS.items():  # the supervisor's, with several workers
         out[f"{name}_total" if kind == "counter" else name] = ()
     return out

@@ -45,8 +45,11 @@ def remembered(client: Any) -> int:
 
 
 def hits(client: Any) -> float:
-    counter = client.app[STATE].metrics.cache_results.labels("tavily", "hit")
-    return counter._value.get()
+    registry = client.app[STATE].metrics.registry
+    found = registry.get_sample_value(
+        "search_proxy_cache_total", {"route": "tavily", "result": "hit"}
+    )
+    return found or 0.0
 
 
 def static(headers: Any) -> list[tuple[str, str]]:
@@ -243,7 +246,8 @@ async def test_a_replay_on_a_closing_connection_runs_no_handler_after_it(vendor,
     assert hits(client) == counted + 1
     guard = client.server.runner.guarded
     assert not guard.in_flight  # no handler left waiting for a body that was the replay's
-    assert client.app[STATE].metrics.in_flight.labels("tavily")._value.get() == 0
+    registry = client.app[STATE].metrics.registry
+    assert registry.get_sample_value("search_proxy_in_flight_requests", {"route": "tavily"}) == 0
 
 
 async def test_replays_to_an_agent_not_reading_are_each_answered_once_in_order(vendor, start_proxy):
