@@ -13,6 +13,7 @@ import os
 import re
 from collections.abc import AsyncIterator, Callable, Iterable
 from dataclasses import replace
+from functools import lru_cache
 
 import aiohttp
 import structlog
@@ -66,12 +67,25 @@ RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
 
 
-def _connection_listed(headers: MultiMapping[str]) -> set[str]:
+def _connection_listed(headers: MultiMapping[str]) -> frozenset[str]:
     """Header names the sender declared hop-by-hop in its Connection header."""
-    listed: set[str] = set()
-    for value in headers.getall("Connection", ()):
-        listed.update(token.strip().lower() for token in value.split(","))
-    return listed
+    values = headers.getall("Connection", ())
+    if len(values) == 1:
+        return _tokens(values[0])
+    return frozenset().union(*map(_tokens, values))
+
+
+@lru_cache(maxsize=256)  # almost always `keep-alive` or `close`: parsed once
+def _tokens(value: str) -> frozenset[str]:
+    return frozenset(token.strip().lower() for token in value.split(","))
+
+
+def _drop(headers: CIMultiDict[str], names: Iterable[str]) -> None:
+    """Remove every value of each of `names` (lower case); a lookup per name is cheaper than
+    lowering every header's name."""
+    for name in names:
+        if name in headers:
+            del headers[name]
 
 
 def request_headers(
@@ -84,10 +98,9 @@ def request_headers(
     request_id: str,
 ) -> CIMultiDict[str]:
     """Outbound headers: the agent's, less hop-by-hop and removed ones, plus the route's."""
-    drop = _REQUEST_DROP | remove | _connection_listed(incoming)
-    out: CIMultiDict[str] = CIMultiDict(
-        (k, v) for k, v in incoming.items() if k.lower() not in drop
-    )
+    out = incoming.copy()
+    for names in (_REQUEST_DROP, remove, _connection_listed(incoming)):
+        _drop(out, names)
     for name, value in set_headers:
         out[name] = value
     if client_ip:
@@ -101,10 +114,12 @@ def request_headers(
 def response_headers(upstream: MultiMapping[str]) -> CIMultiDict[str]:
     """The vendor's headers less hop-by-hop, the framing aiohttp's decoding invalidated, and
     any with a control character (aiohttp reads them, but refuses to write them on)."""
-    drop = _RESPONSE_DROP | _connection_listed(upstream)
-    return CIMultiDict(
-        (k, v) for k, v in upstream.items() if k.lower() not in drop and _clean(k) and _clean(v)
-    )
+    out = CIMultiDict(upstream)
+    for names in (_RESPONSE_DROP, _connection_listed(upstream)):
+        _drop(out, names)
+    if all(k.isprintable() and v.isprintable() for k, v in out.items()):
+        return out
+    return CIMultiDict((k, v) for k, v in out.items() if _clean(k) and _clean(v))
 
 
 def _clean(text: str) -> bool:
