@@ -20,6 +20,7 @@ from pathlib import Path
 import structlog
 import yaml
 from aiohttp import web
+from redis.utils import HIREDIS_AVAILABLE
 
 from proxy import __version__
 from proxy.app import STATE, build_admin_app, build_app
@@ -274,13 +275,16 @@ async def serve(
 
 def _listening(config: Config, config_path: str | None, digest: str) -> dict[str, object]:
     """What the `listening` line says of the config served."""
-    return {
+    said: dict[str, object] = {
         "routes": {name: r.prefix for name, r in config.routes.items()},
         "redis": "configured" if config.redis else "in-process state",
         "event_loop": chosen(config.server.event_loop),
         "config_hash": digest,
         "watch_config": config.server.watch_config and config_path is not None,
     }
+    if config.redis:  # redis-py reads replies with hiredis (C, the `fast` extra) when installed
+        said["redis_parser"] = "hiredis" if HIREDIS_AVAILABLE else "python"
+    return said
 
 
 def _supervise(config: Config, data: bytes, opts: argparse.Namespace, workers: int) -> int:

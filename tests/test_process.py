@@ -111,7 +111,9 @@ async def test_sigterm_drains_in_flight_requests_then_exits_0(vendor, loop):
         except aiohttp.ClientConnectionError:
             pass
     assert proxy.events("stopped")
-    assert [e["event_loop"] for e in proxy.events("listening")] == [loop]
+    (listening,) = proxy.events("listening")
+    assert listening["event_loop"] == loop
+    assert listening["redis"] == "in-process state" and "redis_parser" not in listening
 
 
 def test_check_config_help_prints_its_usage_and_exits_0():

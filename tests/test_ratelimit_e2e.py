@@ -93,6 +93,8 @@ async def test_two_processes_share_one_bucket(vendor, redis_server, raw):
     }
     a, b = ProxyProcess(config), ProxyProcess(config)
     await asyncio.gather(asyncio.to_thread(a.start), asyncio.to_thread(b.start))
+    # The suite installs hiredis (the `fast` extra's parser, as the image does) and each says so.
+    assert [e["redis_parser"] for p in (a, b) for e in p.events("listening")] == ["hiredis"] * 2
     try:
         async with aiohttp.ClientSession() as http:
 
