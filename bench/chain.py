@@ -35,7 +35,7 @@ from bench.upstream import BODY
 from policies.core.clock import SYSTEM_CLOCK
 from policies.core.flow import CallBudget, Flow, Handler, Policy, Reply, compose
 from proxy.config import parse_config
-from proxy.forward import request_headers
+from proxy.headers import request_headers
 from proxy.loops import chosen, loop_factory
 from proxy.metrics import Metrics
 from proxy.outbound import VendorPool

@@ -35,9 +35,9 @@ from proxy.envelope import Exchange, answer, enveloped, watch_agent
 from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
-from proxy.forward import request_headers
 from proxy.front import ROUTE_HANDLER
 from proxy.generation import build_generation
+from proxy.headers import request_headers
 from proxy.keys import one_key
 from proxy.mcp_server import McpEndpoint, McpTrace
 from proxy.metrics import Metrics

@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import os
-import re
-from collections.abc import AsyncIterator, Callable, Iterable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
-from functools import lru_cache
 
 import aiohttp
 import structlog
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
-from multidict import CIMultiDict, CIMultiDictProxy, MultiMapping
+from multidict import CIMultiDict
 from yarl import URL
 
 from policies import faults
@@ -42,9 +40,9 @@ from policies.core.errors import (
 from policies.core.flow import Flow, Reply
 from policies.core.memory import Hold, holding
 from policies.core.outcome import Outcome
-from policies.core.route import HOP_BY_HOP, PROXY_OWNED
 from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
+from proxy.headers import response_headers
 from proxy.logs import LEVEL
 from proxy.outbound import Answer, ConnectFailed, HeaderInjection, Origin, VendorPool, request_head
 from proxy.pool import PoolFull, Slot
@@ -53,78 +51,11 @@ from proxy.redirects import FOLLOWED, MAX_HOPS, agent_location, on_upstream
 
 log = structlog.get_logger("search_proxy")
 
-# Never copied from the agent: the proxy writes Host from the route's upstream and frames the
-# body itself, and it negotiates its own Accept-Encoding so it can decode what the vendor sends.
-_REQUEST_DROP = PROXY_OWNED
 # Never sent to a vendor, on any route: the agent's request for an injected fault
 # (policies/faults.py reads it in the chain; a route without fault injection ignores it).
 _NEVER_SENT = faults.HEADER
-# aiohttp decodes compressed bodies, so the vendor's framing headers no longer describe them.
-_RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
-# What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
-_CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
-
-
-def _connection_listed(headers: MultiMapping[str]) -> frozenset[str]:
-    """Header names the sender declared hop-by-hop in its Connection header."""
-    values = headers.getall("Connection", ())
-    if len(values) == 1:
-        return _tokens(values[0])
-    return frozenset().union(*map(_tokens, values))
-
-
-@lru_cache(maxsize=256)  # almost always `keep-alive` or `close`: parsed once
-def _tokens(value: str) -> frozenset[str]:
-    return frozenset(token.strip().lower() for token in value.split(","))
-
-
-def _drop(headers: CIMultiDict[str], names: Iterable[str]) -> None:
-    """Remove every value of each of `names` (lower case); a lookup per name is cheaper than
-    lowering every header's name."""
-    for name in names:
-        if name in headers:
-            del headers[name]
-
-
-def request_headers(
-    incoming: CIMultiDictProxy[str],
-    *,
-    set_headers: Iterable[tuple[str, str]],
-    remove: frozenset[str],
-    client_ip: str | None,
-    proto: str,
-    request_id: str,
-) -> CIMultiDict[str]:
-    """Outbound headers: the agent's, less hop-by-hop and removed ones, plus the route's."""
-    out = incoming.copy()
-    for names in (_REQUEST_DROP, remove, _connection_listed(incoming)):
-        _drop(out, names)
-    for name, value in set_headers:
-        out[name] = value
-    if client_ip:
-        prior = incoming.get("X-Forwarded-For")
-        out["X-Forwarded-For"] = f"{prior}, {client_ip}" if prior else client_ip
-    out["X-Forwarded-Proto"] = proto
-    out["X-Request-Id"] = request_id
-    return out
-
-
-def response_headers(upstream: MultiMapping[str]) -> CIMultiDict[str]:
-    """The vendor's headers less hop-by-hop, the framing aiohttp's decoding invalidated, and
-    any with a control character (aiohttp reads them, but refuses to write them on)."""
-    out = CIMultiDict(upstream)
-    for names in (_RESPONSE_DROP, _connection_listed(upstream)):
-        _drop(out, names)
-    if all(k.isprintable() and v.isprintable() for k, v in out.items()):
-        return out
-    return CIMultiDict((k, v) for k, v in out.items() if _clean(k) and _clean(v))
-
-
-def _clean(text: str) -> bool:
-    """No control character but tab; a printable string (the usual case) is not searched."""
-    return text.isprintable() or not _CONTROL.search(text)
 
 
 def is_stream(resp: Answer) -> bool:

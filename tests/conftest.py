@@ -68,7 +68,7 @@ TIER_OF_MODULE = {
     "test_memory": "e2e",
     "test_bodies": "unit",
     "test_internals": "unit",
-    "test_forward_headers": "unit",
+    "test_headers": "unit",
     "test_reclaim": "unit",
     "test_upstream": "integration",
     "test_outbound": "integration",

@@ -1,4 +1,4 @@
-"""proxy/forward.py: which of the agent's headers reach the vendor, and which of the vendor's reach
+"""proxy/headers.py: which of the agent's headers reach the vendor, and which of the vendor's reach
 the agent (the hop-by-hop ones, those a sender lists in Connection, the framing aiohttp's decoding
 invalidated, any a server may not write), with every other header kept in its order."""
 
@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
-from proxy.forward import request_headers, response_headers
+from proxy.headers import request_headers, response_headers
 
 
 def headers(*pairs: tuple[str, str]) -> CIMultiDictProxy[str]:
