@@ -29,9 +29,22 @@ def _connection_listed(headers: MultiMapping[str]) -> frozenset[str]:
     return frozenset().union(*map(_tokens, values))
 
 
-@lru_cache(maxsize=256)  # almost always `keep-alive` or `close`: parsed once
+# A Connection value as short as this (`keep-alive`, `close`, `Upgrade, HTTP2-Settings`) has its
+# tokens remembered: the values a peer sends repeat. A longer one is parsed each time, so what
+# the memory holds is at most TOKENS_KEPT short strings, whatever peers send.
+SHORT_VALUE = 64
+TOKENS_KEPT = 256
+
+
 def _tokens(value: str) -> frozenset[str]:
+    return _short_tokens(value) if len(value) <= SHORT_VALUE else _parse_tokens(value)
+
+
+def _parse_tokens(value: str) -> frozenset[str]:
     return frozenset(token.strip().lower() for token in value.split(","))
+
+
+_short_tokens = lru_cache(maxsize=TOKENS_KEPT)(_parse_tokens)
 
 
 def _drop(headers: CIMultiDict[str], names: Iterable[str]) -> None:

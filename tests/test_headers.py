@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from multidict import CIMultiDict, CIMultiDictProxy
 
+from proxy import headers as crossing
 from proxy.headers import request_headers, response_headers
 
 
@@ -92,3 +93,20 @@ def test_the_vendor_s_headers_come_back_less_framing_hop_by_hop_and_unwritable_o
 def test_printable_vendor_headers_come_back_as_they_were_sent() -> None:
     sent_back = [("Content-Type", "application/json"), ("Date", "Sun, 29 Nov 2026 07:00:00 GMT")]
     assert list(response_headers(headers(*sent_back)).items()) == sent_back
+
+
+def test_only_short_connection_values_are_remembered_between_requests() -> None:
+    """A peer's Connection values are parsed once when short; a long one (up to 128 headers of
+    8 KB each) is parsed and let go, so peers cannot fill the memory with them."""
+    crossing._short_tokens.cache_clear()
+    long_value = ", ".join(f"X-Hop-{i}" for i in range(1000))
+    assert len(long_value) > crossing.SHORT_VALUE
+    listed = sent(("Connection", long_value), ("X-Hop-999", "dropped"), ("X-Kept", "1"))
+    assert ("X-Kept", "1") in listed and all(name != "X-Hop-999" for name, _ in listed)
+    for i in range(2 * crossing.TOKENS_KEPT):
+        sent(("Connection", f"close, X-{i}"))
+    info = crossing._short_tokens.cache_info()
+    assert info.currsize == crossing.TOKENS_KEPT  # bounded in entries, each at most SHORT_VALUE
+    sent(("Connection", "keep-alive"), ("Keep-Alive", "timeout=5"))
+    sent(("Connection", "keep-alive"), ("Keep-Alive", "timeout=5"))
+    assert crossing._short_tokens.cache_info().hits == info.hits + 1
