@@ -73,8 +73,9 @@ class HistogramSeries:
         self.sum = 0.0
 
     def observe(self, amount: float) -> None:
-        self.counts[bisect_left(self.bounds, amount)] += 1
         self.sum += amount
+        if amount <= INF:  # false for NaN alone, which prometheus-client counts in no bucket
+            self.counts[bisect_left(self.bounds, amount)] += 1
 
 
 S = TypeVar("S", CounterSeries, GaugeSeries, HistogramSeries)
@@ -119,11 +120,19 @@ class Family(Collector, Generic[S]):
         return found
 
     def remove(self, *values: object) -> None:
+        """Drop the series of these label values, if there is one."""
+        if len(values) != len(self.labelnames) or not values:
+            raise ValueError(f"{self.name}: expected labels {self.labelnames}, got {values!r}")
         self.series.pop(tuple(str(v) for v in values), None)
 
-    def remove_by_labels(self, labels: Mapping[str, str]) -> None:
-        """Drop every series whose labels include all of `labels`."""
-        at = [(self.labelnames.index(k), v) for k, v in labels.items()]
+    def remove_by_labels(self, labels: Mapping[str, object]) -> None:
+        """Drop every series whose labels include all of `labels` (none given: none dropped)."""
+        unknown = [k for k in labels if k not in self.labelnames]
+        if unknown or not self.labelnames:
+            raise ValueError(f"{self.name}: unknown label names {unknown}, has {self.labelnames}")
+        at = [(self.labelnames.index(k), str(v)) for k, v in labels.items()]
+        if not at:
+            return
         for key in [k for k in self.series if all(k[i] == v for i, v in at)]:
             del self.series[key]
 

@@ -15,6 +15,8 @@ from proxy.metrics import LATENCY_BUCKETS, Metrics
 BOUNDS = (0.001, 0.01, 0.1, 1.0)
 # Below every bound, on each bound (counted in its own bucket), between, above all, zero.
 AMOUNTS = (0.0, 0.0005, 0.001, 0.002, 0.01, 0.05, 0.1, 1.0, 2.5, 1000.0)
+# And NaN, which prometheus-client adds to the sum but counts in no bucket.
+ODD_AMOUNTS = (*AMOUNTS, math.inf, math.nan)
 
 
 def both(build, apply) -> tuple[bytes, bytes]:  # type: ignore[no-untyped-def]
@@ -65,9 +67,9 @@ def test_families_without_labels_and_a_total_suffix_expose_the_same() -> None:
         events, up, wait = metrics
         events.inc()
         events.inc(0.25)
-        up.set(1)
+        up.set(True)
         up.dec(0.5)
-        for amount in AMOUNTS:
+        for amount in ODD_AMOUNTS:
             wait.observe(amount)
 
     ours, theirs = both(build, apply)
@@ -84,11 +86,15 @@ def test_removed_series_are_no_longer_exposed() -> None:
             for outcome in ("ok", "5xx"):
                 calls.labels(route, outcome).inc()
         calls.remove_by_labels({"route": "a"})
+        calls.remove_by_labels({})  # nothing named: nothing dropped
         calls.remove("b", "5xx")
-        calls.labels("d", "ok").inc()
+        calls.remove("b", "gone")  # no such series: nothing to drop
+        calls.labels("d", 200).inc()
+        calls.remove_by_labels({"outcome": 200})  # the value's text, as labels() takes it
+        calls.labels("e", "ok").inc()
 
     ours, theirs = both(build, apply)
-    assert b'route="a"' not in ours and b'outcome="5xx"' not in ours
+    assert b'route="a"' not in ours and b'outcome="5xx"' not in ours and b'"200"' not in ours
     assert b't_calls_total{outcome="ok",route="b"} 1.0' in ours
     assert ours == theirs
 
@@ -109,6 +115,10 @@ def test_misuse_is_refused_as_prometheus_client_refuses_it() -> None:
         calls.inc()
     with pytest.raises(ValueError, match="only goes up"):
         calls.labels("a").inc(-1)
+    with pytest.raises(ValueError, match="expected labels"):
+        calls.remove("a", "extra")
+    with pytest.raises(ValueError, match="unknown label names"):
+        calls.remove_by_labels({"status": "ok"})
     with pytest.raises(ValueError, match="increasing"):
         loopmetrics.Histogram("t_s", "S.", buckets=(1.0, 0.5))
     registry = CollectorRegistry(auto_describe=True)
