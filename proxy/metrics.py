@@ -397,14 +397,20 @@ class Metrics:
         self.routes: dict[str, RouteMetrics] = {}
 
     def _child(self, metric: Any, *values: Any) -> Any:
-        """`metric.labels(*values)`, found once: prometheus-client's labels() checks the values
-        and takes a lock on every call, and an event is counted on every request. Label values
-        come from bounded sets (routes, outcomes, reasons) and no child is ever removed."""
+        """`metric.labels(*values)`, found once: labels() checks and converts the values, and an
+        event is counted on every request. Label values come from bounded sets (routes,
+        outcomes, reasons); `series_dropped` forgets what a reload removed."""
         key = (id(metric), values)
         child = self._children.get(key)
         if child is None:
             child = self._children[key] = metric.labels(*values)
         return child
+
+    def series_dropped(self) -> None:
+        """Series were removed (a reload dropped a route, a policy or a provider): look each
+        child up again, so that one created again counts into the series exported, not into
+        the one removed."""
+        self._children.clear()
 
     def route(self, name: str) -> RouteMetrics:
         """The bound per-route metrics, created when the route is first built."""

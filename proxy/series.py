@@ -82,6 +82,7 @@ class Series:
             m.provider_fallbacks.remove_by_labels({"provider": provider})
         self._families, self._providers = families, frozenset(providers)
         self._fallbacks = frozenset(fallbacks)
+        m.series_dropped()  # what was removed may be declared again by a later reload
 
     @staticmethod
     def _route(m: Metrics, name: str, route: Route) -> frozenset[str]:

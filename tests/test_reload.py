@@ -233,6 +233,24 @@ async def test_a_removed_route_is_released_with_its_series(vendor: Any, serve: A
     assert 'search_proxy_cache_total{result="hit",route="tavily"} 0.0' in text
 
 
+async def test_a_route_removed_then_added_again_counts_into_its_exported_series(
+    vendor: Any, serve: Any
+) -> None:
+    other = route(vendor.url + "/tavily", "/other", cache={"ttl": "1m"})
+    hits = 'search_proxy_cache_total{result="hit",route="other"}'
+    proxy = await serve(document(vendor, other=other))
+    assert [await proxy.search("/other", "same") for _ in range(2)] == [200, 200]
+    assert f"{hits} 1.0" in await proxy.metrics()
+    proxy.write(document(vendor))
+    assert (await proxy.reload())["routes"]["removed"] == ["other"]
+    assert hits not in await proxy.metrics()
+    proxy.write(document(vendor, other=other))
+    assert (await proxy.reload())["routes"]["added"] == ["other"]
+    assert f"{hits} 0.0" in await proxy.metrics()  # a new series, from 0
+    assert [await proxy.search("/other", "again") for _ in range(2)] == [200, 200]
+    assert f"{hits} 1.0" in await proxy.metrics()  # counted where it is exported
+
+
 async def test_a_request_in_flight_finishes_on_the_route_it_started_on(
     vendor: Any, serve: Any
 ) -> None:
