@@ -18,7 +18,7 @@ from __future__ import annotations
 import math
 from abc import abstractmethod
 from bisect import bisect_left
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Generic, TypeVar
 
 from prometheus_client import CollectorRegistry
@@ -102,9 +102,10 @@ class Family(Collector, Generic[S]):
         if registry is not None:
             registry.register(self)
 
-    @abstractmethod
+    series_type: Callable[[], S]  # a new series of this kind (a histogram's takes its bounds)
+
     def _new(self) -> S:
-        """A new series of this kind."""
+        return self.series_type()
 
     def labels(self, *values: object) -> S:
         """The series of these label values (str() of each), made on first use; a family
@@ -162,9 +163,7 @@ class Family(Collector, Generic[S]):
 
 class Counter(Family[CounterSeries]):
     kind = "counter"
-
-    def _new(self) -> CounterSeries:
-        return CounterSeries()
+    series_type = CounterSeries
 
     def inc(self, amount: float = 1.0) -> None:
         self._unlabelled().inc(amount)
@@ -175,9 +174,7 @@ class Counter(Family[CounterSeries]):
 
 class Gauge(Family[GaugeSeries]):
     kind = "gauge"
-
-    def _new(self) -> GaugeSeries:
-        return GaugeSeries()
+    series_type = GaugeSeries
 
     def inc(self, amount: float = 1.0) -> None:
         self._unlabelled().inc(amount)
