@@ -110,6 +110,7 @@ async def test_sigterm_drains_in_flight_requests_then_exits_0(vendor, loop):
             raise AssertionError("still accepting connections after shutdown")
         except aiohttp.ClientConnectionError:
             pass
+    assert await asyncio.to_thread(proxy.stop) == 0  # exited already: this reads its last lines
     assert proxy.events("stopped")
     (listening,) = proxy.events("listening")
     assert listening["event_loop"] == loop
