@@ -76,12 +76,20 @@ def topology(request: pytest.FixtureRequest) -> Iterator[Topology]:
 async def two_replicas(
     topology: Topology, vendor: FakeVendor, start_proxy: Any, **policies: Any
 ) -> tuple[Any, Any]:
-    """Two proxy replicas sharing the topology, each with its own link."""
+    """Two proxy replicas sharing the topology, each with its own link, once both links answer.
+
+    A replica whose start-up could not reach Redis within its warm-up (a loaded machine, at the
+    topology's 100 ms timeout: TLS, a sentinel's answer) starts on in-process state and tries
+    Redis again a second later, as it should. These tests are about what replicas share, so
+    they begin when both share: a link that never answers still fails them here."""
     config = {
         "redis": topology.redis(),
         "routes": {"tavily": route(vendor.url + "/tavily", "/tavily", **policies)},
     }
-    return await start_proxy(config), await start_proxy(config)
+    a, b = await start_proxy(config), await start_proxy(config)
+    for client in (a, b):
+        await eventually(client.app[STATE].redis.ping, within=10.0, interval=0.1)
+    return a, b
 
 
 _queries = itertools.count()
