@@ -77,6 +77,7 @@ TIER_OF_MODULE = {
     "test_redis_recovery": "integration",
     "test_redis_commands": "integration",
     "test_redis_ha": "e2e",
+    "test_redis_tls": "integration",
     "test_redis_config": "unit",
     "test_process": "e2e",
     "test_profiles": "unit",

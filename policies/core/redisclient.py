@@ -4,11 +4,14 @@ never a resend after a timeout; the nodes in use, for metrics."""
 
 from __future__ import annotations
 
+import os
+import ssl
 from dataclasses import dataclass, field
 from typing import Any, Final
 from urllib.parse import urlsplit
 
 from redis.asyncio import Redis
+from redis.asyncio import connection as redis_connection
 from redis.asyncio.cluster import ClusterNode, RedisCluster
 from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
@@ -111,6 +114,8 @@ def connect(config: RedisConfig, timeout: float) -> Redis | RedisCluster:
     if config.password is not None:
         common["password"] = config.password
     tls = _tls_options(config.tls)
+    if tls:
+        _share_tls_contexts()
     if config.cluster is not None:
         nodes = [ClusterNode(*host_port(n, 6379)) for n in config.cluster.nodes]
         cluster_retry = Retry(NoBackoff(), 1)
@@ -142,6 +147,68 @@ def _tls_options(tls: RedisTls | None) -> dict[str, Any]:
     if tls.key_file is not None:
         options["ssl_keyfile"] = tls.key_file
     return options
+
+
+# Contexts built, by the settings and files they were built from: one per link's TLS settings,
+# and a few more when files are rewritten in place. Bounded all the same.
+_CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
+_MAX_CONTEXTS: Final = 8
+_SETTINGS: Final = (
+    *("keyfile", "certfile", "cert_reqs", "include_verify_flags", "exclude_verify_flags"),
+    *("ca_certs", "ca_data", "ca_path", "check_hostname", "min_version", "ciphers", "password"),
+)
+
+
+class _SharedContext(redis_connection.RedisSSLContext):
+    """redis-py's TLS settings for one connection, whose SSLContext is built once per set of
+    settings, and of the files they name as they are on disk, then shared by every connection.
+
+    redis-py 8 builds a context for each connection object it makes, and each build loads the
+    system's CA bundle: ~50 ms of CPU on OpenSSL 3 (cpython#95031), in which the event loop
+    serves nothing. A link makes up to `max_connections` connections to each node, and through
+    Sentinel as many to a sentinel. So a TLS link's warm-up spent over a second of CPU on
+    contexts, its 100 ms timeouts expired, and it began on in-process state; and a burst that
+    opened connections stalled every request. redis-py has no way to pass a context in
+    (redis-py#4211 would add one), so `_share_tls_contexts` puts this class where its TLS
+    connections look for theirs. A file rewritten in place is read again by the next connection
+    object made, as it was before (redis-py's pools keep theirs, and their contexts)."""
+
+    __slots__ = ()
+
+    def get(self) -> ssl.SSLContext:
+        if self.context is None:
+            key = (
+                *(_hashable(getattr(self, name)) for name in _SETTINGS),
+                *(_on_disk(path) for path in (self.keyfile, self.certfile, self.ca_certs)),
+            )
+            found = _CONTEXTS.get(key)
+            if found is None:
+                found = super().get()  # raises, and keeps nothing, for a file it cannot load
+                if len(_CONTEXTS) >= _MAX_CONTEXTS:
+                    del _CONTEXTS[next(iter(_CONTEXTS))]  # the oldest
+                _CONTEXTS[key] = found
+            self.context = found
+        return self.context
+
+
+def _hashable(value: Any) -> Any:
+    return tuple(value) if isinstance(value, list) else value
+
+
+def _on_disk(path: str | None) -> tuple[int, ...] | None:
+    """What tells a file's contents apart without reading them: device, inode, size, mtime."""
+    if path is None:
+        return None
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_dev, st.st_ino, st.st_size, st.st_mtime_ns)
+
+
+def _share_tls_contexts() -> None:
+    """Make redis-py's TLS connections build their contexts as `_SharedContext` does."""
+    redis_connection.RedisSSLContext = _SharedContext  # type: ignore[misc]  # no hook for it
 
 
 def nodes_in_use(client: Redis | RedisCluster, config: RedisConfig) -> tuple[tuple[str, str], ...]:

@@ -1,0 +1,107 @@
+"""A link to Redis over TLS, against a real redis-server on loopback that asks for a client
+certificate and an ACL user (`rediss://`): the link's connections share one TLS context, so its
+warm-up opens every connection it may hold within its 100 ms timeouts. redis-py builds a context
+per connection, and each build loads the system's CA bundle (~50 ms of CPU on OpenSSL 3): before,
+a warm-up opened a few of its 16 connections on an idle machine and none on a loaded one, and
+the proxy began on in-process state. The Sentinel path is tested in tests/test_redis_ha.py."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import ssl
+import tempfile
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from redis.asyncio.connection import SSLConnection
+
+from policies.core.redisclient import RedisConfig, RedisTls, connect
+from policies.core.redislink import RedisLink
+from proxy.config import parse_config
+from testkit.certs import TlsFiles, tls_files
+from testkit.procs import free_port
+from testkit.redisha import Access, Node
+
+PASSWORD = "a-long-acl-password"
+ROUTES = {"routes": {"t": {"prefix": "/t", "upstream": "https://api.tavily.com"}}}
+
+
+@pytest.fixture(scope="module")
+def tls_node() -> Iterator[Node]:
+    """One redis-server, TLS only, with the proxy's ACL user."""
+    binary = shutil.which("redis-server")
+    assert binary is not None, "redis-server is not installed: apt-get install redis-server"
+    access = Access("proxy", PASSWORD, tls_files(), keys="tls-*")
+    with tempfile.TemporaryDirectory(prefix="search-proxy-redis-tls-") as data:
+        port = free_port()
+        argv = [binary, "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"]
+        argv += ["--dir", data, *access.server_args(port)]
+        node = Node("redis-tls", port, argv, access)
+        node.start()
+        try:
+            node.wait_ready()
+            yield node
+        finally:
+            node.kill()
+
+
+def proxy_clients(node: Node) -> int:
+    """Connections the proxy's ACL user holds open on `node`."""
+    listing = node.command("CLIENT", "LIST")
+    text = listing.decode() if isinstance(listing, bytes) else str(listing)
+    return sum(1 for line in text.splitlines() if " user=proxy " in f" {line} ")
+
+
+async def test_a_tls_links_warm_up_opens_every_connection_it_may_hold(
+    tls_node: Node, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    built: list[ssl.SSLContext] = []
+    create = ssl.create_default_context
+
+    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
+        built.append(create(*args, **kwargs))
+        return built[-1]
+
+    monkeypatch.setattr(ssl, "create_default_context", counted)
+    raw = {"url": f"rediss://127.0.0.1:{tls_node.port}/0", "key_prefix": "tls-warm"}
+    parsed = parse_config({"redis": {**raw, **tls_node.access.config()}, **ROUTES}, {})
+    config = parsed.redis
+    assert config is not None and config.tls is not None and config.timeout == 0.1
+    link = RedisLink(config, config.key_prefix, timeout=config.timeout)
+    try:
+        assert await link.warm()
+        assert link.up
+        # One context for all its connections (none if an earlier test built the same one).
+        assert len(built) <= 1
+        assert proxy_clients(tls_node) == config.max_connections
+        assert await link.ping()
+    finally:
+        await link.client.aclose()
+
+
+def test_connections_share_a_context_until_a_file_it_read_is_rewritten(tmp_path: Path) -> None:
+    files: TlsFiles = tls_files()
+    ca, cert, key = (str(tmp_path / name) for name in ("ca.crt", "client.crt", "client.key"))
+    for source, copy in ((files.ca, ca), (files.client_cert, cert), (files.client_key, key)):
+        shutil.copyfile(source, copy)
+    # Building a TLS client is what makes its connections share contexts.
+    connect(RedisConfig(url="rediss://127.0.0.1:1/0", tls=RedisTls(ca, cert, key)), 0.1)
+
+    def context() -> ssl.SSLContext:
+        connection = SSLConnection(ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key)
+        return connection.ssl_context.get()
+
+    first = context()
+    assert context() is first
+    # A client certificate rotated in place: the next connection made reads it again.
+    stat = os.stat(cert)
+    os.utime(cert, ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000_000))
+    rotated = context()
+    assert rotated is not first
+    assert context() is rotated
+    # Other settings, another context.
+    other = SSLConnection(ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key, ssl_ciphers="ALL")
+    assert other.ssl_context.get() is not rotated
