@@ -7,6 +7,7 @@ import asyncio
 import ssl
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import aiohttp
 import pytest
@@ -14,8 +15,10 @@ from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from yarl import URL
 
+from proxy.app import STATE
 from proxy.outbound import ConnectFailed, HeaderInjection, Origin, VendorPool, request_head
 from testkit.certs import tls_files
+from tests.conftest import route
 
 BODY = b'{"results": []}'
 OK = b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 15\r\n\r\n" + BODY
@@ -317,6 +320,19 @@ async def test_an_untrusted_certificate_fails_the_connect_as_tls(tls_vendor: int
         assert caught.value.kind == "tls_certificate"
     finally:
         vendors.close()
+
+
+async def test_a_proxy_with_https_routes_builds_the_tls_context_before_any_request(
+    start_proxy: Any, tls_contexts_built: list[ssl.SSLContext]
+):
+    # Built at start-up (or reload), not in the first request to an https vendor.
+    built = tls_contexts_built
+    await start_proxy({"routes": {"plain": route("http://127.0.0.1:9", "/plain")}})
+    assert built == []  # no https vendor, no context
+    client = await start_proxy({"routes": {"t": route("https://api.tavily.com", "/t")}})
+    assert len(built) == 1
+    assert client.app[STATE].vendors.tls() is built[0]
+    assert len(built) == 1
 
 
 async def test_cancelling_a_request_closes_its_connection(server: Server, pool: VendorPool):

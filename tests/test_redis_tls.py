@@ -13,7 +13,6 @@ import ssl
 import tempfile
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
 
 import pytest
 from redis.asyncio.connection import SSLConnection
@@ -56,16 +55,9 @@ def proxy_clients(node: Node) -> int:
 
 
 async def test_a_tls_links_warm_up_opens_every_connection_it_may_hold(
-    tls_node: Node, monkeypatch: pytest.MonkeyPatch
+    tls_node: Node, tls_contexts_built: list[ssl.SSLContext]
 ) -> None:
-    built: list[ssl.SSLContext] = []
-    create = ssl.create_default_context
-
-    def counted(*args: Any, **kwargs: Any) -> ssl.SSLContext:
-        built.append(create(*args, **kwargs))
-        return built[-1]
-
-    monkeypatch.setattr(ssl, "create_default_context", counted)
+    built = tls_contexts_built
     raw = {"url": f"rediss://127.0.0.1:{tls_node.port}/0", "key_prefix": "tls-warm"}
     parsed = parse_config({"redis": {**raw, **tls_node.access.config()}, **ROUTES}, {})
     config = parsed.redis
