@@ -1,9 +1,9 @@
 """A link to Redis over TLS, against a real redis-server on loopback that asks for a client
-certificate and an ACL user (`rediss://`): the link's connections share one TLS context, so its
-warm-up opens every connection it may hold within its 100 ms timeouts. redis-py builds a context
-per connection, and each build loads the system's CA bundle (~50 ms of CPU on OpenSSL 3): before,
-a warm-up opened a few of its 16 connections on an idle machine and none on a loaded one, and
-the proxy began on in-process state. The Sentinel path is tested in tests/test_redis_ha.py."""
+certificate and an ACL user (`rediss://`): the link's connections, on every topology, share one
+TLS context. redis-py builds a context per connection, and each build loads the system's CA
+bundle (~50 ms of CPU on OpenSSL 3): before, a warm-up at the default 100 ms timeout opened a few
+of its 16 connections on an idle machine and none on a loaded one, and the proxy began on
+in-process state. Sentinel and cluster nodes over TLS serve in tests/test_redis_ha.py."""
 
 from __future__ import annotations
 
@@ -15,9 +15,12 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from redis.asyncio.connection import SSLConnection
+from redis.asyncio import Redis
+from redis.asyncio.cluster import RedisCluster
+from redis.asyncio.connection import AbstractConnection, SSLConnection
+from redis.asyncio.sentinel import SentinelConnectionPool
 
-from policies.core.redisclient import RedisConfig, RedisTls, connect
+from policies.core.redisclient import ClusterNodes, RedisConfig, RedisTls, SentinelService, connect
 from policies.core.redislink import RedisLink
 from proxy.config import parse_config
 from testkit.certs import TlsFiles, tls_files
@@ -58,10 +61,13 @@ async def test_a_tls_links_warm_up_opens_every_connection_it_may_hold(
     tls_node: Node, tls_contexts_built: list[ssl.SSLContext]
 ) -> None:
     built = tls_contexts_built
-    raw = {"url": f"rediss://127.0.0.1:{tls_node.port}/0", "key_prefix": "tls-warm"}
+    # A second to open each connection, not 100 ms: what this checks is that every one opens
+    # and one context serves them all, not how fast a loaded machine does TLS handshakes.
+    url = f"rediss://127.0.0.1:{tls_node.port}/0"
+    raw = {"url": url, "key_prefix": "tls-warm", "timeout": "1s"}
     parsed = parse_config({"redis": {**raw, **tls_node.access.config()}, **ROUTES}, {})
     config = parsed.redis
-    assert config is not None and config.tls is not None and config.timeout == 0.1
+    assert config is not None and config.tls is not None and config.timeout == 1.0
     link = RedisLink(config, config.key_prefix, timeout=config.timeout)
     try:
         assert await link.warm()
@@ -97,3 +103,34 @@ def test_connections_share_a_context_until_a_file_it_read_is_rewritten(tmp_path:
     # Other settings, another context.
     other = SSLConnection(ssl_ca_certs=ca, ssl_certfile=cert, ssl_keyfile=key, ssl_ciphers="ALL")
     assert other.ssl_context.get() is not rotated
+
+
+def test_every_topologys_tls_connections_share_one_context() -> None:
+    """The URL's, the Sentinel master's, the sentinels' own and the cluster nodes' connections,
+    made as redis-py makes them (none connects here): one context for the same settings."""
+    files = tls_files()
+    tls = RedisTls(files.ca, files.client_cert, files.client_key)
+    url = connect(RedisConfig(url="rediss://127.0.0.1:1/0", tls=tls), 0.1)
+    sentinel = connect(RedisConfig(sentinel=SentinelService(("127.0.0.1:1",), "m"), tls=tls), 0.1)
+    cluster = connect(RedisConfig(cluster=ClusterNodes(("127.0.0.1:1",)), tls=tls), 0.1)
+    assert isinstance(url, Redis) and isinstance(sentinel, Redis)
+    assert isinstance(cluster, RedisCluster)
+    pool = sentinel.connection_pool
+    assert isinstance(pool, SentinelConnectionPool)
+    node = cluster.startup_nodes[0]  # the nodes it learns later are made with the same settings
+    made: list[AbstractConnection] = [
+        *(url.connection_pool.make_connection() for _ in range(2)),
+        *(pool.make_connection() for _ in range(2)),
+        *(s.connection_pool.make_connection() for s in pool.sentinel_manager.sentinels),
+        *(node.connection_class(**node.connection_kwargs) for _ in range(2)),
+    ]
+    assert all(isinstance(c, SSLConnection) for c in made)
+    contexts = {id(c.ssl_context.get()) for c in made if isinstance(c, SSLConnection)}
+    assert len(contexts) == 1
+    # A rediss:// URL without a tls key verifies against the system's CAs, on a context of its own
+    # (other settings), shared by its connections all the same.
+    bare = connect(RedisConfig(url="rediss://127.0.0.1:1/0"), 0.1)
+    a, b = (bare.connection_pool.make_connection() for _ in range(2))
+    assert isinstance(a, SSLConnection) and isinstance(b, SSLConnection)
+    assert a.ssl_context.get() is b.ssl_context.get()
+    assert id(a.ssl_context.get()) not in contexts

@@ -113,9 +113,8 @@ def connect(config: RedisConfig, timeout: float) -> Redis | RedisCluster:
         common["username"] = config.username
     if config.password is not None:
         common["password"] = config.password
+    _share_tls_contexts()  # also for a rediss:// URL without a tls key
     tls = _tls_options(config.tls)
-    if tls:
-        _share_tls_contexts()
     if config.cluster is not None:
         nodes = [ClusterNode(*host_port(n, 6379)) for n in config.cluster.nodes]
         cluster_retry = Retry(NoBackoff(), 1)
@@ -153,9 +152,10 @@ def _tls_options(tls: RedisTls | None) -> dict[str, Any]:
 # and a few more when files are rewritten in place. Bounded all the same.
 _CONTEXTS: dict[tuple[Any, ...], ssl.SSLContext] = {}
 _MAX_CONTEXTS: Final = 8
-_SETTINGS: Final = (
-    *("keyfile", "certfile", "cert_reqs", "include_verify_flags", "exclude_verify_flags"),
-    *("ca_certs", "ca_data", "ca_path", "check_hostname", "min_version", "ciphers", "password"),
+# Every setting redis-py keeps for a context, read from the class: one it adds later is part of
+# the key too, so connections with different settings never share a context.
+_SETTINGS: Final = tuple(
+    name for name in redis_connection.RedisSSLContext.__slots__ if name != "context"
 )
 
 
@@ -170,8 +170,10 @@ class _SharedContext(redis_connection.RedisSSLContext):
     contexts, its 100 ms timeouts expired, and it began on in-process state; and a burst that
     opened connections stalled every request. redis-py has no way to pass a context in
     (redis-py#4211 would add one), so `_share_tls_contexts` puts this class where its TLS
-    connections look for theirs. A file rewritten in place is read again by the next connection
-    object made, as it was before (redis-py's pools keep theirs, and their contexts)."""
+    connections look for theirs: for the whole process, so a program embedding the proxy shares
+    its own redis-py TLS contexts the same way (by identical settings only). A file rewritten
+    in place is read again by the next connection object made, as it was before (redis-py's
+    pools keep theirs, and their contexts)."""
 
     __slots__ = ()
 
