@@ -103,6 +103,8 @@ class Upstream:
             raise ValueError(f"{route.name}: upstream {route.upstream!r} has no host")
         self.scheme, self.host, self.port = base.scheme, base.host, base.explicit_port
         self.origin = Origin.of(base)  # routes to one origin share its connections
+        if self.origin.tls:
+            vendors.tls()  # built with the route, not in the first request to an https vendor
         self.base_path = base.raw_path.rstrip("/")
         self.per_try = route.timeouts.per_try
         self.total = route.timeouts.total

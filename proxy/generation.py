@@ -8,7 +8,6 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 import structlog
@@ -101,8 +100,6 @@ def build_generation(
     )
     for name, cfg in config.routes.items():
         deps.routes[name] = build_route(cfg, deps)
-    if any(urlsplit(cfg.upstream).scheme == "https" for cfg in config.routes.values()):
-        vendors.tls()  # built before any request, not in the first one to call an https vendor
     routes = deps.routes
     quotas = previous.quotas if previous is not None else None
     if quotas is None:

@@ -414,8 +414,8 @@ class VendorPool:
 
     def tls(self) -> ssl.SSLContext:
         """The upstreams' TLS context, built on first use. Building it loads the system's CA
-        bundle, ~50 ms of CPU on OpenSSL 3 in which the loop serves nothing, so
-        `build_generation` asks for it when a route's upstream is https: no request pays it."""
+        bundle, ~50 ms of CPU on OpenSSL 3 in which the loop serves nothing, so an `Upstream`
+        to an https origin asks for it when its route is built: no request pays it."""
         if self._ssl is None:
             context = ssl.create_default_context()
             context.set_alpn_protocols(["http/1.1"])
