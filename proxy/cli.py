@@ -48,7 +48,7 @@ from proxy.listeners import ADMIN, AGENTS, CannotListen, Listener, address, reas
 from proxy.logs import configure_logging
 from proxy.loops import chosen, loop_factory
 from proxy.redact import REDACTED
-from proxy.reload import RELOADER, config_hash
+from proxy.reload import RELOADER, config_hash, effective
 from proxy.startup import check_startup, startup_errors
 from proxy.supervisor import CONFIG_FILE, Fleet, Plan
 
@@ -127,6 +127,18 @@ def _load(path: str, source: str | None = None) -> tuple[Config, bytes]:
         raise ConfigErrors([*exc.errors, *asyncio.run(startup_errors(exc.partial))]) from None
     asyncio.run(check_startup(config))
     return config, data
+
+
+def _worker_config(path: str, fleet: Fleet) -> tuple[Config, bytes]:
+    """What a worker serves, and the bytes its hash is of: the config the fleet started on, or,
+    once a reload applied another, that one with the restart-only settings as the fleet started
+    (as the others serve it: a worker the supervisor restarts is no restart of the proxy, and a
+    new `redis.url` there would split the fleet's shared state)."""
+    started, data = _load(path, str(fleet.config_file))
+    if not fleet.applied_file.exists():
+        return started, data
+    applied, data = _load(path, str(fleet.applied_file))
+    return effective(started, applied), data
 
 
 def check_config(path: str) -> int:
@@ -333,7 +345,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if fleet is not None:
         fleet.follow_supervisor()
     try:
-        config, data = _load(opts.config, str(fleet.config_file) if fleet else None)
+        config, data = _load(opts.config) if fleet is None else _worker_config(opts.config, fleet)
     except ConfigError as exc:
         _report(exc)
         return EXIT_CONFIG

@@ -35,7 +35,8 @@ FIRST_BACKOFF_S = 0.5
 MAX_BACKOFF_S = 30.0
 START_TIMEOUT_S = 60.0  # a worker not listening by then is killed (and counts as a death)
 ENV = "SEARCH_PROXY_WORKER"  # what a worker is told of its place, JSON (Fleet.env)
-CONFIG_FILE = "config.yaml"  # the config the fleet serves, which a restarted worker starts on
+CONFIG_FILE = "config.yaml"  # the config the fleet started on, never rewritten
+APPLIED_FILE = "applied.yaml"  # the last config a reload applied, once one has
 _PR_SET_PDEATHSIG = 1
 
 
@@ -95,6 +96,10 @@ class Fleet:
     def config_file(self) -> Path:
         return self.run_dir / CONFIG_FILE
 
+    @property
+    def applied_file(self) -> Path:
+        return self.run_dir / APPLIED_FILE
+
     def socket(self, index: int) -> Path:
         """Worker `index`'s unix socket, for its siblings only (the directory is the user's)."""
         return self.run_dir / f"worker-{index}.sock"
@@ -118,11 +123,12 @@ class Fleet:
                 os.close(self.ready_fd)
 
     def keep_config(self, data: bytes) -> None:
-        """A reload applied `data`: a worker restarted from now on starts on it."""
-        tmp = self.config_file.with_name(f".{CONFIG_FILE}.{os.getpid()}")
+        """A reload applied `data`: a worker restarted from now on starts on it, with the
+        restart-only settings still as the fleet started (proxy/cli.py's `_worker_config`)."""
+        tmp = self.applied_file.with_name(f".{APPLIED_FILE}.{os.getpid()}")
         try:
             tmp.write_bytes(data)
-            tmp.replace(self.config_file)
+            tmp.replace(self.applied_file)
         except OSError as exc:
             log.warning("worker_config_not_kept", error=str(exc))
 
@@ -155,6 +161,7 @@ class _Worker:
     started: float = 0.0
     serving: bool = False
     quick_deaths: int = 0
+    owes_reload: bool = False  # a SIGHUP came while it started: passed on once it serves
 
 
 class Supervisor:
@@ -211,6 +218,12 @@ class Supervisor:
         if said != b"\n":  # the pipe closed: it exited (or was killed) without listening
             return await proc.wait()
         worker.serving = True
+        if worker.owes_reload:
+            # It may have read the config before the others applied the new one: a reload of
+            # the same file again is answered `unchanged`, a missed one would split the fleet.
+            worker.owes_reload = False
+            with contextlib.suppress(ProcessLookupError):
+                proc.send_signal(signal.SIGHUP)
         return None
 
     async def _exited(self, worker: _Worker, code: int) -> None:
@@ -263,12 +276,14 @@ class Supervisor:
 
     def _signal(self, sig: signal.Signals) -> None:
         for worker in self.workers:
-            if worker.proc is not None and worker.proc.returncode is None:
-                # A worker still starting has no handler yet: SIGHUP would kill it, and it
-                # starts on the config the others would reload to anyway.
-                if worker.serving or sig != signal.SIGHUP:
-                    with contextlib.suppress(ProcessLookupError):
-                        worker.proc.send_signal(sig)
+            if sig == signal.SIGHUP and not worker.serving:
+                # Starting, or dead and soon started again: it has no handler yet (SIGHUP would
+                # kill it), and may read the config before the others apply the new one. It
+                # gets the SIGHUP once it serves (`_start`).
+                worker.owes_reload = True
+            elif worker.proc is not None and worker.proc.returncode is None:
+                with contextlib.suppress(ProcessLookupError):
+                    worker.proc.send_signal(sig)
 
     def _stop(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():

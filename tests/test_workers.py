@@ -87,6 +87,14 @@ async def started(config: dict[str, Any]) -> ProxyProcess:
     return proxy
 
 
+async def started_from(path: Path, config: dict[str, Any]) -> ProxyProcess:
+    """A fleet on `config` written to `path`, which SIGHUP and POST /admin/reload read again."""
+    await asyncio.to_thread(path.write_text, yaml.safe_dump(config))
+    proxy = ProxyProcess(None, config_path=str(path))
+    await asyncio.to_thread(proxy.start, 20.0)
+    return proxy
+
+
 async def stopped(proxy: ProxyProcess) -> int | None:
     return await asyncio.to_thread(proxy.stop)
 
@@ -171,9 +179,7 @@ async def test_sighup_reload_and_admin_calls_reach_every_worker(
     cached = {"cache": {"ttl": "1m"}, "breaker": {"fail_max": 5, "reset_timeout": "30s"}}
     config = fleet_config(vendor.url, redis_server, c=route(vendor.url, "/c", **cached))
     path = tmp_path / "c.yaml"
-    path.write_text(yaml.safe_dump(config))
-    proxy = ProxyProcess(None, config_path=str(path))
-    await asyncio.to_thread(proxy.start, 20.0)
+    proxy = await started_from(path, config)
     assert proxy.proc is not None
     try:
         config["routes"]["w2"] = route(vendor.url, "/w2")
@@ -218,6 +224,79 @@ async def test_sighup_reload_and_admin_calls_reach_every_worker(
             assert r.status == 404  # no cache: refused once, not passed on
         async with http.get(f"{proxy.admin_url}/admin/status") as r:
             assert (await r.json())["worker"] == {"index": 0, "workers": 2}
+    finally:
+        assert await stopped(proxy) == 0
+
+
+def dbsize(redis: RedisServer) -> int:
+    with socket.create_connection(("127.0.0.1", redis.port), timeout=1) as s:
+        s.sendall(b"DBSIZE\r\n")
+        return int(s.recv(32).strip(b":\r\n"))
+
+
+def supervised(proxy: ProxyProcess) -> list[int]:
+    """The supervisor's worker processes, as the kernel lists them (Linux)."""
+    assert proxy.proc is not None
+    pid = proxy.proc.pid
+    return [int(p) for p in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+async def test_a_restarted_worker_keeps_the_restart_only_settings_the_fleet_serves(
+    vendor, redis_server, killable_redis, http, tmp_path
+):
+    config = fleet_config(vendor.url, redis_server, c=route(vendor.url, "/c", cache={"ttl": "1m"}))
+    path = tmp_path / "c.yaml"
+    proxy = await started_from(path, config)
+    assert proxy.proc is not None
+    try:
+        # A reload that moves Redis applies its routes and leaves Redis for a restart ...
+        config["redis"] = {"url": killable_redis.url}
+        config["routes"]["w2"] = route(vendor.url, "/w2")
+        path.write_text(yaml.safe_dump(config))
+        proxy.proc.send_signal(signal.SIGHUP)
+        await wait_reloads(proxy, "signal")
+        assert {tuple(e["restart_required"]) for e in proxy.events("config_reload")} == {
+            ("redis.url",)
+        }
+        # ... which a worker the supervisor restarts is not: it serves what its siblings do.
+        (listening,) = proxy.events("listening")
+        os.kill(listening["pids"][1], signal.SIGKILL)
+        await asyncio.to_thread(proxy.wait_for_event, "worker_restarted", 10.0)
+        assert await post_many(http, f"{proxy.url}/w2/search") == [200] * SPREAD
+        assert await post_many(http, f"{proxy.url}/c/search") == [200] * SPREAD
+        assert set(await served(proxy, "c")) == {0, 1}
+        assert dbsize(killable_redis) == 0  # one Redis for the whole fleet: the first
+        assert dbsize(redis_server) >= SPREAD  # every search's cache entry
+    finally:
+        assert await stopped(proxy) == 0
+
+
+async def test_a_sighup_while_a_worker_starts_reaches_it_once_it_serves(
+    vendor, redis_server, http, tmp_path
+):
+    config = fleet_config(vendor.url, redis_server)
+    path = tmp_path / "c.yaml"
+    proxy = await started_from(path, config)
+    assert proxy.proc is not None
+    try:
+        (listening,) = proxy.events("listening")
+        os.kill(listening["pids"][1], signal.SIGKILL)
+        # The new worker is still importing when it is seen (a start takes most of a second):
+        # it may read the config before its sibling applies the new one.
+        await eventually(lambda: len(set(supervised(proxy)) - set(listening["pids"])) == 1)
+        config["routes"]["w2"] = route(vendor.url, "/w2")
+        path.write_text(yaml.safe_dump(config))
+        proxy.proc.send_signal(signal.SIGHUP)
+        await asyncio.to_thread(proxy.wait_for_event, "worker_restarted", 10.0)
+        await eventually(
+            lambda: {e["worker"] for e in proxy.events("config_reload")} == {0, 1}, within=10.0
+        )
+        # `unchanged` when the new worker read the config its sibling had applied already.
+        results = {e["worker"]: (e["trigger"], e["result"]) for e in proxy.events("config_reload")}
+        assert results[0] == ("signal", "applied")
+        assert results[1] in {("signal", "applied"), ("signal", "unchanged")}
+        assert await post_many(http, f"{proxy.url}/w2/search") == [200] * SPREAD
+        assert set(await served(proxy, "w2")) == {0, 1}
     finally:
         assert await stopped(proxy) == 0
 
