@@ -26,7 +26,7 @@ from policies.core.flow import CallBudget, Flow
 from policies.core.redislink import RedisLink
 from proxy import __version__
 from proxy.access import request_id, route_fields
-from proxy.bodies import read_body
+from proxy.bodies import inflated, read_body
 from proxy.budget import budget_for
 from proxy.config import Config
 from proxy.dialects import error_response
@@ -106,6 +106,13 @@ def _forwarded_host(request: web.Request, headers: CIMultiDict[str]) -> CIMultiD
     return headers
 
 
+def _as_read(request: web.Request, headers: CIMultiDict[str]) -> CIMultiDict[str]:
+    """The body goes on as it was read: one that aiohttp inflated is no longer encoded."""
+    if inflated(request):
+        headers.popall("Content-Encoding", None)
+    return headers
+
+
 async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamResponse:
     """Match the route, build the request's flow, run the route's chain, answer."""
     state = request.app[STATE]
@@ -129,15 +136,18 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         method=request.method,
         path=target.rest if route.config.strip_prefix else route.config.prefix + target.rest,
         query_string=target.query_string,
-        headers=_forwarded_host(
+        headers=_as_read(
             request,
-            request_headers(
-                request.headers,
-                set_headers=route.set_headers,
-                remove=route.remove_headers,
-                client_ip=request.remote,
-                proto=request.scheme,
-                request_id=ex.request_id,
+            _forwarded_host(
+                request,
+                request_headers(
+                    request.headers,
+                    set_headers=route.set_headers,
+                    remove=route.remove_headers,
+                    client_ip=request.remote,
+                    proto=request.scheme,
+                    request_id=ex.request_id,
+                ),
             ),
         ),
         body=body,

@@ -11,14 +11,16 @@ from typing import Any
 
 import orjson
 from aiohttp import web
+from aiohttp.web_protocol import RequestPayloadError
 
 from policies.core.errors import BadRequest
-from policies.core.memory import holding
+from policies.core.memory import Hold, holding
 from proxy.budget import charge_body
 from proxy.errors import PayloadTooLarge
 
 # No search, fetch or MCP request nests anywhere near this; an SDK's json.loads fails at ~1000.
 MAX_JSON_DEPTH = 64
+INFLATED = frozenset({"gzip", "deflate", "br", "zstd"})  # aiohttp's parser decodes these
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 # An opener becomes 2 and a closer 0, so that each minus 1 is the step in depth.
@@ -36,6 +38,15 @@ def nested_deeper(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
     return max(accumulate(map(sub, steps, repeat(1))), default=0) > limit
 
 
+def inflated(request: web.BaseRequest | Any) -> bool:
+    """Whether the body read is not the bytes the agent sent: aiohttp's server decodes a body
+    in one of INFLATED as it reads it (proxy/front.py's path never does)."""
+    return (
+        isinstance(request, web.BaseRequest)
+        and request.headers.get("Content-Encoding", "").lower() in INFLATED
+    )
+
+
 def too_deep(where: str) -> BadRequest:
     return BadRequest(
         f"{where}: the JSON body nests deeper than {MAX_JSON_DEPTH} levels; send a flatter body"
@@ -43,30 +54,63 @@ def too_deep(where: str) -> BadRequest:
 
 
 async def read_body(request: web.Request, limit: int, where: str = "request") -> bytes:
-    """The whole body, at most `limit` bytes (PayloadTooLarge past it); a JSON body (one that
-    starts with `{` or `[`) nested past MAX_JSON_DEPTH is a BadRequest."""
-    if request.content_length is not None and request.content_length > limit:
+    """The whole body, at most `limit` bytes (PayloadTooLarge past it), counted against the
+    memory budget before it is held; a JSON body (one that starts with `{` or `[`) nested past
+    MAX_JSON_DEPTH is a BadRequest, and so is one that cannot be read as sent."""
+    declared = request.content_length
+    if declared is not None and declared > limit:
         raise PayloadTooLarge(
-            f"request body of {request.content_length} bytes exceeds the "
+            f"request body of {declared} bytes exceeds the "
             f"limit of {limit} bytes; send a smaller request"
         )
-    hold = holding()  # the body counts against the memory budget, refused before it is read
-    declared = request.content_length
-    if declared:
-        charge_body(hold, declared, where)
-    try:
-        body = await request.read()
-    except web.HTTPRequestEntityTooLarge:
-        body = None
-    if body is None or len(body) > limit:
-        raise PayloadTooLarge(
-            f"request body exceeds the limit of {limit} bytes; send a smaller request"
-        )
-    if not declared:
-        charge_body(hold, len(body), where)
+    hold = holding()
+    if isinstance(request, web.BaseRequest) and (declared is None or inflated(request)):
+        # Chunked, or inflated by aiohttp: the length says nothing of the bytes it will hold.
+        body = await _read_counted(request, limit, hold, where)
+    else:
+        if declared:  # refused before it is read
+            charge_body(hold, declared, where)
+        try:
+            body = await request.read()
+        except web.HTTPRequestEntityTooLarge:
+            raise _too_large(limit) from None
+        except RequestPayloadError as exc:
+            raise _unreadable(where, exc) from None
     if body.lstrip()[:1] in (b"{", b"[") and nested_deeper(body):
         raise too_deep(where)
     return body
+
+
+async def _read_counted(
+    request: web.BaseRequest, limit: int, hold: Hold | None, where: str
+) -> bytes:
+    """The body as it comes, each piece counted against the memory budget before it is kept."""
+    pieces: list[bytes] = []
+    size = 0
+    try:
+        while piece := await request.content.readany():
+            size += len(piece)
+            if size > limit:
+                raise _too_large(limit)
+            charge_body(hold, len(piece), where)
+            pieces.append(piece)
+    except RequestPayloadError as exc:
+        raise _unreadable(where, exc) from None
+    return b"".join(pieces)
+
+
+def _too_large(limit: int) -> PayloadTooLarge:
+    return PayloadTooLarge(
+        f"request body exceeds the limit of {limit} bytes; send a smaller request"
+    )
+
+
+def _unreadable(where: str, exc: RequestPayloadError) -> BadRequest:
+    """A body that ends early or does not decode as its Content-Encoding says."""
+    return BadRequest(
+        f"{where}: the request body cannot be read as sent ({exc}); send it whole, "
+        "uncompressed or compressed as its Content-Encoding says"
+    )
 
 
 async def read_json(request: web.Request, where: str, route: str) -> Any:

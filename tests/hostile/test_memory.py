@@ -11,7 +11,7 @@ import gzip
 import http.server
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,13 +31,9 @@ PART = 6 * MIB
 BODY = 10 * MIB  # a request body: one fits, two do not
 
 
-SLOW_RELEASED = threading.Event()  # the vendor behind /slow answers once it is set
-
-
 class RawAnswers(http.server.BaseHTTPRequestHandler):
     """GET /json/N, /bin/N: N bytes of JSON or octet-stream with a Content-Length; /gzjson/N:
-    JSON decompressing to N bytes, gzip and chunked, no length; POST /slow: answers once the test
-    sets SLOW_RELEASED (10 s at most)."""
+    JSON decompressing to N bytes, gzip and chunked, no length; POST: an empty search answer."""
 
     protocol_version = "HTTP/1.1"
 
@@ -60,8 +56,6 @@ class RawAnswers(http.server.BaseHTTPRequestHandler):
 
     def do_POST(self) -> None:
         self.rfile.read(int(self.headers["Content-Length"]))
-        if self.path == "/slow":
-            SLOW_RELEASED.wait(10)
         self._send(b'{"results": []}', "application/json")
 
     def _send(self, body: bytes, ctype: str) -> None:
@@ -160,23 +154,43 @@ async def test_slow_readers_hold_their_share_until_written_then_give_it_back(
     assert (await get(proxy, f"/raw/json/{PART}"))[0] == 200
 
 
-async def test_request_bodies_count_too(proxy: ProxyProcess) -> None:
+def stalling(how: str, finish: asyncio.Event) -> tuple[AsyncIterator[bytes], dict[str, str]]:
+    """A request body of BODY bytes once read, sent all but its last bytes, which wait for
+    `finish`: with a length (charged as declared), chunked (no length: charged as it comes), or
+    gzip and chunked (aiohttp inflates it as it reads: charged as inflated)."""
     body = b"{}" + b" " * BODY
-    SLOW_RELEASED.clear()
+    data = gzip.compress(body) if how == "gzip" else body
+    headers = {"Content-Encoding": "gzip"} if how == "gzip" else {}
+    if how == "length":
+        headers["Content-Length"] = str(len(data))
+
+    async def pieces() -> AsyncIterator[bytes]:
+        for at in range(0, len(data) - 16, MIB):
+            yield data[at : min(at + MIB, len(data) - 16)]
+        await finish.wait()
+        yield data[-16:]
+
+    return pieces(), headers
+
+
+@pytest.mark.parametrize("how", ["length", "chunked", "gzip"])
+async def test_request_bodies_count_too(proxy: ProxyProcess, how: str) -> None:
+    finish = asyncio.Event()
+    data, headers = stalling(how, finish)
     async with aiohttp.ClientSession() as http:
-        # Held while the vendor thinks (until the second body has been refused).
-        task = asyncio.ensure_future(http.post(f"{proxy.url}/raw/slow", data=body))
+        # Held while its agent trickles the end (a chunked one was charged only once whole).
+        task = asyncio.ensure_future(http.post(f"{proxy.url}/raw/fast", data=data, headers=headers))
 
         async def holding() -> bool:
-            return await gauge(proxy, "search_proxy_buffered_bytes") >= BODY
+            return await gauge(proxy, "search_proxy_buffered_bytes") >= BODY - MIB
 
         try:
             await eventually(holding, 5.0, 0.05)
-            async with http.post(f"{proxy.url}/raw/fast", data=body) as second:
+            async with http.post(f"{proxy.url}/raw/fast", data=b"{}" + b" " * BODY) as second:
                 assert second.status == 503
                 assert second.headers["X-Proxy-Error"] == "memory_budget"
         finally:
-            SLOW_RELEASED.set()
+            finish.set()
         async with await task as r:
             assert r.status == 200
 
