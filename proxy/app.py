@@ -28,11 +28,12 @@ from proxy import __version__
 from proxy.access import request_id, route_fields
 from proxy.bodies import inflated, read_body
 from proxy.budget import budget_for
+from proxy.clients import foreign_page
 from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.direct import DirectHooks
 from proxy.envelope import Exchange, answer, enveloped, watch_agent
-from proxy.errors import MethodNotAllowed, NotFound, PayloadTooLarge
+from proxy.errors import Forbidden, MethodNotAllowed, NotFound, PayloadTooLarge
 from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
 from proxy.front import ROUTE_HANDLER
@@ -113,6 +114,23 @@ def _as_read(request: web.Request, headers: CIMultiDict[str]) -> CIMultiDict[str
     return headers
 
 
+def _refuse_foreign_page(request: web.Request, state: ProxyState, what: str) -> None:
+    """A browser page of another site may not spend the proxy's vendor keys: a form's POST
+    needs no CORS preflight, and a page whose name was rebound to this machine (DNS rebinding)
+    sends its own Origin. With client tokens a page could not anyway: it knows none."""
+    origin = request.headers.get("Origin")
+    if origin is None or state.clients is not None:
+        return
+    page = foreign_page(origin)
+    if page is not None:
+        raise Forbidden(
+            f"search-proxy does not serve browser pages from other sites (Origin {page!r}) "
+            f"on {what}: call it from an agent or its SDK, or configure clients: tokens for "
+            "browser callers",
+            route=what,
+        )
+
+
 async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamResponse:
     """Match the route, build the request's flow, run the route's chain, answer."""
     state = request.app[STATE]
@@ -126,6 +144,7 @@ async def proxy_request(request: web.Request, ex: Exchange) -> web.StreamRespons
         raise
     ex.name, ex.route = route.name, route
     ex.count_as(route.metrics)
+    _refuse_foreign_page(request, state, route.name)
     profile = route.profile
     body = await read_body(request, state.config.server.max_body_bytes, route.name)
     caller = None
@@ -267,6 +286,7 @@ async def _own_api(
 ) -> web.Response:
     """What /v1/search and /v1/fetch share around their API: POST only (a body like `example`),
     and with clients: a known token as `Authorization: Bearer`, whose name `answer` is given."""
+    _refuse_foreign_page(request, request.app[STATE], route)
     if request.method != "POST":
         raise MethodNotAllowed(
             f"{request.method} /v1/{route} is not supported: send POST with a JSON body like "

@@ -128,6 +128,14 @@ def hostname(authority: str) -> str:
     return authority.rsplit(":", 1)[0] if authority.count(":") == 1 else authority
 
 
+def foreign_page(origin: str) -> str | None:
+    """The host of a browser page (a request's `Origin`) that is not on this machine, for the
+    error that refuses it; None for a page on a loopback host. "null" (a sandboxed page) is no
+    loopback host either."""
+    page = hostname(origin.partition("://")[2].split("/", 1)[0])
+    return None if is_loopback_host(page) else page or origin
+
+
 def without_param(query_string: str, name: str, value: str) -> str:
     """`query_string` less its `name=value` pairs (compared decoded); every other pair as sent."""
     kept = []

@@ -27,7 +27,8 @@ class Unauthorized(ClientFault):
 
 
 class Forbidden(ClientFault):
-    """The caller may not use this endpoint from where it is (the MCP server's access rule)."""
+    """The caller may not use this endpoint from where it is (the MCP server's access rule, a
+    browser page of another site)."""
 
     status = 403
     type = "forbidden"

@@ -35,7 +35,7 @@ import orjson
 import structlog
 from aiohttp import web
 
-from proxy.clients import Caller, ClientGate, hostname, is_loopback_host
+from proxy.clients import Caller, ClientGate, foreign_page, hostname, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, MethodNotAllowed, NotFound
 from proxy.fetch_api import FetchApi
@@ -78,14 +78,12 @@ def refusal(
     loopback peer calling a loopback Host, unless `allow_remote`. A browser page (`Origin`)
     must be on a loopback host itself: a page elsewhere, its name rebound to this machine's
     address (DNS rebinding), is refused."""
-    if origin is not None:  # "null" (a sandboxed page) is no loopback host either
-        page = hostname(origin.partition("://")[2].split("/", 1)[0])
-        if not is_loopback_host(page):
-            return Forbidden(
-                f"search-proxy's MCP server does not serve browser pages from other sites "
-                f"(Origin {page or origin!r}): call {config.path} from an MCP client, not a web "
-                "page"
-            )
+    page = foreign_page(origin) if origin is not None else None
+    if page is not None:
+        return Forbidden(
+            f"search-proxy's MCP server does not serve browser pages from other sites "
+            f"(Origin {page!r}): call {config.path} from an MCP client, not a web page"
+        )
     if tokens or config.allow_remote:
         return None
     if not is_loopback_peer(remote):

@@ -9,6 +9,7 @@ import json
 from collections.abc import AsyncIterator
 
 import aiohttp
+import pytest
 
 from proxy.state import STATE
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
@@ -155,6 +156,41 @@ async def test_a_compressed_body_goes_on_as_the_proxy_read_it(vendor, start_prox
     assert r.status == 400 and error["type"] == "bad_request"
     assert "cannot be read as sent" in error["message"]
     assert vendor.last.body == body  # never sent on
+
+
+PAGES = {
+    "https://evil.example": "evil.example",  # a form's POST: no CORS preflight
+    "http://rebound.example:8080": "rebound.example",  # a name rebound to 127.0.0.1
+    "null": "null",  # a sandboxed page
+}
+
+
+@pytest.mark.parametrize("origin", PAGES)
+async def test_a_browser_page_of_another_site_spends_no_vendor_key(vendor, start_proxy, origin):
+    tavily = route(f"{vendor.url}/tavily", "/tavily", search={"vendor": "tavily"})
+    raw = {"routes": {"tavily": tavily}, "search_api": {"providers": ["tavily"]}}
+    client = await start_proxy(raw)
+    page = {"Origin": origin, "Content-Type": "text/plain"}
+    body = '{"query": "what the page wants"}'
+    for path in ("/tavily/search", "/v1/search"):  # the route's error in Tavily's shape
+        r = await client.post(path, data=body, headers=page)
+        assert r.status == 403 and r.headers["X-Proxy-Error"] == "forbidden", path
+        assert f"Origin {PAGES[origin]!r}" in await r.text()
+    assert vendor.count() == 0
+    # A page on this machine (a local tool) and an SDK (no Origin) are served.
+    for headers in ({"Origin": "http://localhost:3000"}, {}):
+        r = await client.post("/tavily/search", json={"query": "q"}, headers=headers)
+        assert r.status == 200
+    assert vendor.count() == 2
+
+
+async def test_with_client_tokens_a_page_is_served_by_its_token(vendor, start_proxy):
+    token = "4f1c9a7e2b8d03e6a5c1f9b7d2e4a60c"
+    raw = {"clients": {"web-ui": token}, "routes": {"v": one_route(vendor)["routes"]["v"]}}
+    client = await start_proxy(raw)
+    page = {"Origin": "https://app.example", "Authorization": "Bearer " + token}
+    r = await client.post("/v/echo", json={"query": "q"}, headers=page)
+    assert r.status == 200 and vendor.count() == 1
 
 
 async def test_vendor_answer_passes_through(vendor, start_proxy):
