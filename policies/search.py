@@ -27,6 +27,10 @@ from policies.profiles import QueryRef, VendorProfile, Verdict, assess, replace_
 from policies.simplify import simplify_query
 
 LOOP_GUARD_ENTRIES = 10_000
+# What one route's guard holds of the failures it replays, bodies and headers; the oldest go
+# first. A vendor may answer a bad query with a large body (echoing the input, say): without
+# this, 10,000 of them outside the memory budget.
+LOOP_GUARD_BYTES = 4 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ class SearchGuard(_SearchPolicy):
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._failures: OrderedDict[str, tuple[float, Reply]] = OrderedDict()
+        # key -> (until, the failure replayed, its size), oldest first (all live as long).
+        self._failures: OrderedDict[str, tuple[float, Reply, int]] = OrderedDict()
+        self._bytes = 0
         # The statuses a terminal failure can come with: any other answer (every success, a
         # cache hit) is passed on without its body being read again.
         self._terminal_statuses = (
@@ -100,12 +106,30 @@ class SearchGuard(_SearchPolicy):
     def remembers_failures(self) -> bool:
         """Whether a terminal failure is being replayed to some request now (those remembered
         past their time are forgotten here: the oldest come first)."""
+        if self._failures:
+            self._forget_expired()
+        return bool(self._failures)
+
+    def _forget_expired(self) -> None:
+        failures, now = self._failures, self.clock.now()
+        while failures and next(iter(failures.values()))[0] <= now:
+            self._bytes -= failures.popitem(last=False)[1][2]
+
+    def _remember(self, key: str, until: float, reply: Reply) -> None:
+        """Replay `reply` to `key` until `until`, within LOOP_GUARD_ENTRIES and
+        LOOP_GUARD_BYTES; the vendor answers one larger than the whole of those again."""
+        size = len(reply.body) + sum(len(k) + len(v) for k, v in reply.headers.items())
+        if size > LOOP_GUARD_BYTES:
+            return
         failures = self._failures
-        if failures:
-            now = self.clock.now()
-            while failures and next(iter(failures.values()))[0] <= now:
-                failures.popitem(last=False)
-        return bool(failures)
+        known = failures.pop(key, None)  # to the end: the order stays the order of `until`
+        if known is not None:
+            self._bytes -= known[2]
+        self._forget_expired()
+        failures[key] = (until, reply, size)
+        self._bytes += size
+        while len(failures) > LOOP_GUARD_ENTRIES or self._bytes > LOOP_GUARD_BYTES:
+            self._bytes -= failures.popitem(last=False)[1][2]
 
     def validate(self, ref: QueryRef | None) -> None:
         """Raise BadRequest, naming the field, for a query no vendor should be asked."""
@@ -146,12 +170,13 @@ class SearchGuard(_SearchPolicy):
             key = self._key(flow)
             remembered = self._failures.get(key)
             if remembered is not None:
-                until, reply = remembered
+                until, reply, size = remembered
                 if now < until:
                     headers = CIMultiDict(reply.headers)
                     headers["X-Loop-Guard"] = "replayed"
                     return Reply(reply.status, headers, reply.body)
                 del self._failures[key]
+                self._bytes -= size
         reply = await call_next(flow)
         if reply.stream is not None or reply.status not in self._terminal_statuses:
             return reply
@@ -160,9 +185,7 @@ class SearchGuard(_SearchPolicy):
             outcome is not Outcome.EMPTY and reply.status in TERMINAL_STATUSES
         )
         if terminal:
-            self._failures[self._key(flow)] = (now + self.config.loop_guard, reply)
-            if len(self._failures) > LOOP_GUARD_ENTRIES:
-                self._failures.popitem(last=False)
+            self._remember(self._key(flow), now + self.config.loop_guard, reply)
         return reply
 
 

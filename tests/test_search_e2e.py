@@ -9,7 +9,9 @@ import pytest
 import structlog
 
 from policies.core.clock import ManualClock
+from policies.search import LOOP_GUARD_BYTES, SearchGuard
 from policies.simplify import simplify_query
+from proxy.state import STATE
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from tests.conftest import route
 
@@ -121,6 +123,29 @@ async def test_loop_guard_replays_the_vendors_own_terminal_answers(
     again = await client.request(method, path, **kwargs)
     assert again.status == fault.code and again.headers["X-Loop-Guard"] == "replayed"
     assert vendor.count() == 1
+
+
+async def test_loop_guard_holds_a_bounded_share_of_the_failures_it_replays(vendor, start_proxy):
+    """A vendor echoing a bad input into a large error body: the guard keeps the latest within
+    LOOP_GUARD_BYTES (it kept 10,000 of any size, past their time, outside the memory budget)."""
+    clock = ManualClock()
+    client = await start_proxy({"routes": {"tavily": provider(vendor.url, "tavily")}}, clock=clock)
+    (guard,) = [p for p in client.app[STATE].routes["tavily"].policies if type(p) is SearchGuard]
+    size = LOOP_GUARD_BYTES // 4 + 1  # three fit, four do not
+    vendor.set_default(Fault.status(400, {"detail": {"error": "x" * size}}))
+
+    async def ask(i: int) -> str | None:
+        r = await client.post("/tavily/search", json={"query": f"bad input {i}"})
+        assert r.status == 400 and len(await r.read()) > size
+        return r.headers.get("X-Loop-Guard")
+
+    assert [await ask(i) for i in range(6)] == [None] * 6
+    assert [await ask(i) for i in (5, 4, 3)] == ["replayed"] * 3 and vendor.count() == 6
+    assert await ask(0) is None and vendor.count() == 7  # the oldest were let go
+    assert guard._bytes <= LOOP_GUARD_BYTES
+    clock.advance(31)  # past loop_guard: all forgotten as the next failure is kept
+    assert await ask(1) is None
+    assert len(guard._failures) == 1 and guard._bytes < LOOP_GUARD_BYTES // 3
 
 
 async def test_loop_guard_leaves_a_passing_failure_alone(vendor, start_proxy):
