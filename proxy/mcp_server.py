@@ -5,7 +5,8 @@ The MCP side is the official `mcp` package (proxy/mcp_engine.py): its low-level 
 our two handlers (tools/list, tools/call), run by its `StreamableHTTPSessionManager` in
 stateless JSON mode, so no client session is held between requests and every POST is answered
 with one JSON-RPC message. The engine is built on the first /mcp request: the package and its
-models are a third of an idle proxy's memory, which a proxy nobody calls over MCP never pays.
+models are a third of an idle proxy's memory, which a proxy nobody calls over MCP never pays,
+and are imported in a thread, so the loop serves other requests meanwhile.
 
 A tool call (proxy/mcp_tool.py) runs `SearchApi.answer`, the very code /v1/search runs
 (providers in order with failover, breakers, cache, simplified queries, the per-request call
@@ -27,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import importlib
 import ipaddress
 from collections.abc import AsyncIterator
 from typing import TYPE_CHECKING, Any
@@ -207,7 +209,10 @@ class McpEndpoint:
         """The engine, built and started by the first request (others wait for it)."""
         async with self._starting:
             if self._engine is None:
-                from proxy.mcp_engine import McpEngine  # the mcp package: on first use only
+                # The mcp package, on first use only, imported off the loop: ~0.6 s of imports
+                # in which the loop would serve nothing else.
+                await asyncio.to_thread(importlib.import_module, "proxy.mcp_engine")
+                from proxy.mcp_engine import McpEngine
 
                 engine = McpEngine(self, self._max_body_bytes)
                 await engine.start()
