@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 import yaml
 
+from policies.core.benched import MAX_BENCHED, REFRESH_S, Benched
 from policies.core.clock import ManualClock
 from policies.keypool import key_id
 from proxy.config import ConfigErrors, parse_config, redacted, secret_values
@@ -281,3 +282,35 @@ def test_keys_need_a_vendor_that_takes_one(vendor: FakeVendor) -> None:
     raw = {"routes": {"plain": route(vendor.url, "/plain", keys=["k"])}}
     with pytest.raises(ConfigErrors, match=r"routes.plain.keys: needs the route's search section"):
         parse_config(raw, {})
+
+
+# ---------------------------------------------------------------------------------------------
+# What benching holds: one name per caller on a route that passes its agents' own keys
+
+
+async def test_names_benched_are_bounded_and_let_go_once_past() -> None:
+    clock = ManualClock()
+    benched = Benched(clock)
+    for i in range(MAX_BENCHED + 5):  # as many callers' keys paused by the vendor
+        await benched.mark(f"route|caller-{i}", 60.0, "paused")
+    assert len(benched._until) == len(benched._why) == MAX_BENCHED
+    assert await benched.remaining("route|caller-0") == 0.0  # benched longest ago: let go
+    assert await benched.remaining(f"route|caller-{MAX_BENCHED + 4}") == 60.0
+    assert benched.why(f"route|caller-{MAX_BENCHED + 4}") == "paused"
+    clock.advance(61.0)
+    assert await benched.remaining("route|caller-9") == 0.0
+    assert "route|caller-9" not in benched._until  # past: gone once asked about
+
+
+async def test_only_the_last_second_of_redis_reads_is_remembered(links: Any) -> None:
+    clock = ManualClock()
+    benched = Benched(clock, links[0])
+    for i in range(50):  # callers whose keys nothing benched: each read from Redis once a second
+        assert await benched.remaining(f"route|caller-{i}") == 0.0
+    assert len(benched._asked) == 50
+    clock.advance(REFRESH_S)
+    assert await benched.remaining("route|caller-0") == 0.0
+    assert list(benched._asked) == ["route|caller-0"]  # it grew by one per caller, for good
+    await Benched(clock, links[1]).mark("route|caller-7", 30.0, "spent")  # another replica
+    clock.advance(REFRESH_S)
+    assert await benched.remaining("route|caller-7") == 30.0 - REFRESH_S

@@ -15,6 +15,10 @@ REFRESH_S = 1.0
 MAX_BENCH_S = 86_400.0
 # A spent plan (a key's, a vendor's) stays benched this long when the vendor gives no reset.
 EXHAUSTED_FOR_S = 600.0
+# Names benched at once, here: a route that passes its agents' own keys benches one per caller,
+# and callers are as many as the keys agents send. Past it, the one benched longest ago goes (a
+# name found no longer benched goes when it is next asked about).
+MAX_BENCHED = 10_000
 
 
 def bench_seconds(retry_after: float | None, default: float) -> float:
@@ -29,9 +33,10 @@ class Benched:
     def __init__(self, clock: Clock, link: RedisLink | None = None) -> None:
         self.clock = clock
         self.link = link
-        self._until: dict[str, float] = {}
+        self._until: dict[str, float] = {}  # names benched here, until when; none past it
         self._why: dict[str, str] = {}
-        self._asked: dict[str, float] = {}  # name -> clock.now() of the last Redis read
+        # name -> clock.now() of its last Redis read, oldest first; only the last REFRESH_S's.
+        self._asked: dict[str, float] = {}
 
     def _redis_key(self, name: str) -> str:
         assert self.link is not None
@@ -43,7 +48,7 @@ class Benched:
         seconds = min(seconds, MAX_BENCH_S)
         until = self.clock.wall() + seconds
         if until > self._until.get(name, 0.0):
-            self._until[name], self._why[name] = until, why
+            self._keep(name, until, why)
         if self.link is not None:
             # The value is the end (wall seconds), so every replica reads one deadline; the
             # key's own expiry only clears it away afterwards.
@@ -54,12 +59,13 @@ class Benched:
     async def remaining(self, name: str) -> float:
         """Seconds `name` stays benched (0 when it is not)."""
         now = self.clock.wall()
-        left = self._until.get(name, 0.0) - now
-        if left > 0:
-            return left
-        if self.link is None or self.clock.now() - self._asked.get(name, -math.inf) < REFRESH_S:
+        until = self._until.get(name)
+        if until is not None:
+            if until > now:
+                return until - now
+            del self._until[name], self._why[name]
+        if self.link is None or not self._due(name):
             return 0.0
-        self._asked[name] = self.clock.now()
         key = self._redis_key(name)
         raw = await self.link.run(lambda r: r.get(key))
         if raw is UNAVAILABLE or raw is None:
@@ -70,8 +76,29 @@ class Benched:
             until = float(until_text)
         except ValueError:
             return 0.0
-        self._until[name], self._why[name] = until, why
-        return max(0.0, until - now)
+        if until <= now:
+            return 0.0
+        self._keep(name, until, why)
+        return until - now
+
+    def _keep(self, name: str, until: float, why: str) -> None:
+        benched = self._until
+        if name not in benched and len(benched) >= MAX_BENCHED:
+            first = next(iter(benched))  # benched longest ago
+            del benched[first], self._why[first]
+        benched[name], self._why[name] = until, why
+
+    def _due(self, name: str) -> bool:
+        """Whether Redis is to be asked about `name` now (at most once per REFRESH_S), noted
+        as asked if so."""
+        now, asked = self.clock.now(), self._asked
+        if now - asked.get(name, -math.inf) < REFRESH_S:
+            return False
+        asked.pop(name, None)  # to the end: the oldest stay first
+        while asked and now - next(iter(asked.values())) >= REFRESH_S:
+            del asked[next(iter(asked))]
+        asked[name] = now
+        return True
 
     def why(self, name: str) -> str:
         """Why `name` was benched, as the last `mark` or Redis read said ("" if unknown)."""
