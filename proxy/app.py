@@ -14,7 +14,7 @@ import logging
 from collections.abc import AsyncIterator, Awaitable, Callable
 
 import structlog
-from aiohttp import web
+from aiohttp import HttpVersion11, web
 from aiohttp.typedefs import Handler
 from multidict import CIMultiDict, CIMultiDictProxy
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
@@ -33,7 +33,13 @@ from proxy.config import Config
 from proxy.dialects import error_response
 from proxy.direct import DirectHooks
 from proxy.envelope import Exchange, answer, enveloped, watch_agent
-from proxy.errors import Forbidden, MethodNotAllowed, NotFound, PayloadTooLarge
+from proxy.errors import (
+    ExpectationFailed,
+    Forbidden,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+)
 from proxy.fetch_api import FetchTrace
 from proxy.fleet import FLEET, exposition
 from proxy.front import ROUTE_HANDLER
@@ -375,6 +381,23 @@ def _not_found(request: web.Request) -> NotFound:
     )
 
 
+async def expect(request: web.Request) -> web.StreamResponse | None:
+    """An `Expect` header, before the handler runs (and before any middleware): 100-continue
+    is met as aiohttp meets it; any other is a 417 in the proxy's JSON shape (aiohttp's own
+    answer is plain text)."""
+    if request.version != HttpVersion11:
+        return None
+    if request.headers.get("Expect", "").lower() == "100-continue":
+        await request.writer.write(b"HTTP/1.1 100 Continue\r\n\r\n")
+        request.writer.output_size = 0  # the body's answer has not begun
+        return None
+    err = ExpectationFailed(
+        f"Expect: {request.headers['Expect'][:64]!r} is not supported (only 100-continue); "
+        "send the request without it"
+    )
+    return error_response(err, request_id(request.headers))
+
+
 @web.middleware
 async def own_error_shape(request: web.Request, handler: Handler) -> web.StreamResponse:
     """aiohttp's router answers some requests itself, in plain text: a method a reserved
@@ -499,20 +522,22 @@ def build_app(
     app[RELOADER] = Reloader(state)
     app.cleanup_ctx.append(_lifecycle)
     app.cleanup_ctx.append(_mcp_lifecycle)  # after _lifecycle: it searches with its routes
-    app.router.add_get("/healthz", healthz)
-    app.router.add_get("/readyz", readyz)
-    app.router.add_get("/metrics", metrics_endpoint)
-    app.router.add_route("*", "/v1/search", enveloped(search_endpoint, "search"))
-    app.router.add_route("*", "/v1/fetch", enveloped(fetch_endpoint, "fetch"))
-    app.router.add_get("/openapi.json", openapi_endpoint)
-    app.router.add_route("*", "/admin", admin_elsewhere)
-    app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere)
+    app.router.add_get("/healthz", healthz, expect_handler=expect)
+    app.router.add_get("/readyz", readyz, expect_handler=expect)
+    app.router.add_get("/metrics", metrics_endpoint, expect_handler=expect)
+    search = enveloped(search_endpoint, "search")
+    app.router.add_route("*", "/v1/search", search, expect_handler=expect)
+    fetch = enveloped(fetch_endpoint, "fetch")
+    app.router.add_route("*", "/v1/fetch", fetch, expect_handler=expect)
+    app.router.add_get("/openapi.json", openapi_endpoint, expect_handler=expect)
+    app.router.add_route("*", "/admin", admin_elsewhere, expect_handler=expect)
+    app.router.add_route("*", "/admin/{tail:.*}", admin_elsewhere, expect_handler=expect)
     _mount_mcp(app, config)
     # Route requests: the front's (proxy/front.py) on a GuardedRunner's listener; this
     # catch-all takes those handed to aiohttp (and every one of a test server's).
     route_handler = enveloped(proxy_request)
     app[ROUTE_HANDLER] = route_handler
-    app.router.add_route("*", "/{tail:.*}", route_handler)
+    app.router.add_route("*", "/{tail:.*}", route_handler, expect_handler=expect)
     return app
 
 
@@ -525,8 +550,8 @@ def _mount_mcp(app: web.Application, config: Config) -> None:
     ):
         return
     endpoint = enveloped(mcp_endpoint, "mcp")
-    app.router.add_route("*", path, endpoint)
-    app.router.add_route("*", path + "/", endpoint)
+    app.router.add_route("*", path, endpoint, expect_handler=expect)
+    app.router.add_route("*", path + "/", endpoint, expect_handler=expect)
 
 
 async def _mcp_lifecycle(app: web.Application) -> AsyncIterator[None]:

@@ -21,6 +21,13 @@ class PayloadTooLarge(ClientFault):
     type = "body_too_large"
 
 
+class ExpectationFailed(ClientFault):
+    """An `Expect` other than 100-continue: nothing the proxy can meet."""
+
+    status = 417
+    type = "expectation_failed"
+
+
 class Unauthorized(ClientFault):
     status = 401
     type = "unauthorized"

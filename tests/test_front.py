@@ -173,6 +173,19 @@ async def test_bodies_the_front_does_not_frame_are_served_by_aiohttp(
     raw.close()
 
 
+@pytest.mark.parametrize("path", ["/v/echo", "/v1/search", "/healthz"])
+async def test_an_expect_the_proxy_cannot_meet_is_a_json_417(vendor, start_proxy, path: str):
+    client = await start_proxy(one_route(vendor))
+    raw = await Raw.to(client)
+    await raw.send(post(path, b"{}", "Expect: 200-ok"))
+    status, headers, body = await raw.answer()
+    error = json.loads(body)["error"]
+    assert status == 417 and headers["x-proxy-error"] == "expectation_failed"
+    assert error["type"] == "expectation_failed" and "'200-ok'" in error["message"]
+    assert vendor.count() == 0
+    raw.close()
+
+
 async def test_http_1_0_keeps_the_connection_only_when_asked(vendor, start_proxy):
     client = await start_proxy(one_route(vendor))
     raw = await Raw.to(client)
