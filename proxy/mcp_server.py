@@ -37,6 +37,7 @@ import orjson
 import structlog
 from aiohttp import web
 
+from policies.core.errors import BadRequest
 from proxy.clients import Caller, ClientGate, foreign_page, hostname, is_loopback_host
 from proxy.config import McpServerConfig
 from proxy.errors import Forbidden, MethodNotAllowed, NotFound
@@ -152,7 +153,8 @@ class McpEndpoint:
 
     async def admit(self, request: web.Request) -> Caller | None:
         """Whether this request may use the MCP server, and its known client: ProxyErrors
-        (404 off, 405 not POST, 403 refused, 401 no known token) for the caller to render."""
+        (404 off, 405 not POST, 403 refused, 401 no known token, 400 not JSON) for the caller
+        to render."""
         if not self.config.enabled:
             raise NotFound(
                 f"this proxy's MCP server is off, so {self.config.path} serves nothing: it needs "
@@ -178,9 +180,16 @@ class McpEndpoint:
         if refused is not None:
             refused.route = "mcp"
             raise refused
-        if self.clients is None:
-            return None
-        caller = self.clients.identify(None, request.headers, "")  # Unauthorized without one
+        caller = None
+        if self.clients is not None:
+            caller = self.clients.identify(None, request.headers, "")  # Unauthorized without one
+        if request.content_type != "application/json":  # the package's answer is plain text
+            raise BadRequest(
+                f"{self.config.path} takes JSON-RPC messages as Content-Type: application/json "
+                f"(MCP's streamable HTTP); this request's is "
+                f"{request.headers.get('Content-Type', 'not given')!r}",
+                route="mcp",
+            )
         return caller
 
     async def handle(
