@@ -20,7 +20,7 @@ from proxy.errors import PayloadTooLarge
 
 # No search, fetch or MCP request nests anywhere near this; an SDK's json.loads fails at ~1000.
 MAX_JSON_DEPTH = 64
-INFLATED = frozenset({"gzip", "deflate", "br", "zstd"})  # aiohttp's parser decodes these
+DECODED = frozenset({"gzip", "deflate", "br", "zstd"})  # aiohttp's parser (llhttp's) decodes
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 # An opener becomes 2 and a closer 0, so that each minus 1 is the step in depth.
@@ -40,11 +40,12 @@ def nested_deeper(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def inflated(request: web.BaseRequest | Any) -> bool:
     """Whether the body read is not the bytes the agent sent: aiohttp's server decodes a body
-    in one of INFLATED as it reads it (proxy/front.py's path never does)."""
-    return (
-        isinstance(request, web.BaseRequest)
-        and request.headers.get("Content-Encoding", "").lower() in INFLATED
-    )
+    its parser found a known Content-Encoding for (the last one given) as it reads it;
+    proxy/front.py's path never does."""
+    if not isinstance(request, web.BaseRequest):
+        return False
+    given: list[str] = request.headers.getall("Content-Encoding", [])
+    return bool(given) and given[-1].isascii() and given[-1].lower() in DECODED
 
 
 def too_deep(where: str) -> BadRequest:
@@ -75,7 +76,7 @@ async def read_body(request: web.Request, limit: int, where: str = "request") ->
         except web.HTTPRequestEntityTooLarge:
             raise _too_large(limit) from None
         except RequestPayloadError as exc:
-            raise _unreadable(where, exc) from None
+            raise _unreadable(request, where, exc) from None
     if body.lstrip()[:1] in (b"{", b"[") and nested_deeper(body):
         raise too_deep(where)
     return body
@@ -95,7 +96,7 @@ async def _read_counted(
             charge_body(hold, len(piece), where)
             pieces.append(piece)
     except RequestPayloadError as exc:
-        raise _unreadable(where, exc) from None
+        raise _unreadable(request, where, exc) from None
     return b"".join(pieces)
 
 
@@ -105,8 +106,12 @@ def _too_large(limit: int) -> PayloadTooLarge:
     )
 
 
-def _unreadable(where: str, exc: RequestPayloadError) -> BadRequest:
-    """A body that ends early or does not decode as its Content-Encoding says."""
+def _unreadable(request: web.BaseRequest, where: str, exc: RequestPayloadError) -> BadRequest:
+    """A body that ends early or does not decode as its Content-Encoding says. Its connection
+    closes once answered: aiohttp would otherwise read on past the answer for the rest, meet
+    the same error and log it with its traceback."""
+    if request.protocol is not None:
+        request.protocol._lingering_time = 0.0  # as proxy/guard.py does for a late body
     return BadRequest(
         f"{where}: the request body cannot be read as sent ({exc}); send it whole, "
         "uncompressed or compressed as its Content-Encoding says"

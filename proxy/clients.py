@@ -129,11 +129,18 @@ def hostname(authority: str) -> str:
 
 
 def foreign_page(origin: str) -> str | None:
-    """The host of a browser page (a request's `Origin`) that is not on this machine, for the
-    error that refuses it; None for a page on a loopback host. "null" (a sandboxed page) is no
-    loopback host either."""
-    page = hostname(origin.partition("://")[2].split("/", 1)[0])
-    return None if is_loopback_host(page) else page or origin
+    """The host of a web page (a request's `Origin`) that is not on this machine, for the error
+    that refuses it; None for a page on a loopback host (`*.localhost` included: browsers
+    resolve it to loopback themselves, so it cannot be rebound) or not on the web at all (an
+    extension's or an app's own: `chrome-extension:`, `vscode-webview:`, `file:` ...). "null" (a
+    sandboxed page, which any site can make) is refused."""
+    scheme, sep, rest = origin.partition("://")
+    if sep and scheme.lower() not in ("http", "https"):
+        return None
+    page = hostname(rest.split("/", 1)[0]).lower()
+    if is_loopback_host(page) or page.endswith(".localhost"):
+        return None
+    return page or origin
 
 
 def without_param(query_string: str, name: str, value: str) -> str:

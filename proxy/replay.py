@@ -43,8 +43,10 @@ MAX_REPLAYED_BODY = 4096  # a request body over this is never remembered (nor it
 # Headers of the answer made again for each request (lower case).
 PER_REQUEST = frozenset({"x-request-id", "age", "cache-status", "date", "connection"})
 # A request carrying one of these goes through the chain: it asks the cache (or a fault) for
-# something of its own.
-_OWN_WAY = frozenset({"cache-control", "pragma", MCP_SESSION.lower(), FAULT_HEADER.lower()})
+# something of its own, or is a browser page's, which the route's handler may refuse.
+_OWN_WAY = frozenset(
+    {"cache-control", "pragma", "origin", MCP_SESSION.lower(), FAULT_HEADER.lower()}
+)
 # The `Connection` tokens that change nothing of what is forwarded (any other names a header
 # the proxy then drops before the cache keys on it).
 _PLAIN_CONNECTION = frozenset({"keep-alive", "close"})
