@@ -115,7 +115,8 @@ class Failover:
         key = self._bench_key(flow)
         parts: list[Answer] = []  # each fallback's part, in the order asked
         tried = False  # the fallbacks were asked already (while the vendor is benched)
-        benched = await self.benched.remaining(key) if key is not None else 0.0
+        caller = not self.shared_key
+        benched = await self.benched.remaining(key, caller=caller) if key is not None else 0.0
         if benched > 0:
             if self.config.prefer == "stale":  # outside the cache: its entries answer first
                 cached = await self._from_cache(flow, call_next)
@@ -186,7 +187,7 @@ class Failover:
         """Send this route's searches straight to the fallbacks for `seconds`; a request that
         asked for injected faults benches nothing."""
         if key is not None and seconds > 0 and not flow.context.fault_test:
-            await self.benched.mark(key, seconds, why)
+            await self.benched.mark(key, seconds, why, caller=not self.shared_key)
 
     def _bench_for(self, reply: Reply) -> float:
         """How long a spent plan stays benched: the vendor's reset hint, else the config's."""

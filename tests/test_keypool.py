@@ -291,14 +291,21 @@ def test_keys_need_a_vendor_that_takes_one(vendor: FakeVendor) -> None:
 async def test_names_benched_are_bounded_and_let_go_once_past() -> None:
     clock = ManualClock()
     benched = Benched(clock)
-    for i in range(MAX_BENCHED + 5):  # as many callers' keys paused by the vendor
-        await benched.mark(f"route|caller-{i}", 60.0, "paused")
+    await benched.mark("route|key:0", 600.0, "exhausted")  # the route's own: a configured few
+    await benched.mark("route", 3600.0, "spent")
+    await benched.mark("route|gone", 1.0, "paused", caller=True)
+    clock.advance(2.0)
+    for i in range(MAX_BENCHED):  # as many callers' own keys paused by the vendor
+        await benched.mark(f"route|caller-{i}", 60.0, "paused", caller=True)
     assert len(benched._until) == len(benched._why) == MAX_BENCHED
-    assert await benched.remaining("route|caller-0") == 0.0  # benched longest ago: let go
-    assert await benched.remaining(f"route|caller-{MAX_BENCHED + 4}") == 60.0
-    assert benched.why(f"route|caller-{MAX_BENCHED + 4}") == "paused"
+    assert "route|gone" not in benched._until  # past its time: the first to go
+    assert await benched.remaining("route|caller-0") == 0.0  # then the caller benched first
+    assert await benched.remaining(f"route|caller-{MAX_BENCHED - 1}") == 60.0
+    assert benched.why(f"route|caller-{MAX_BENCHED - 1}") == "paused"
+    assert await benched.remaining("route|key:0") == 598.0  # never a configured name
+    assert await benched.remaining("route") == 3598.0
     clock.advance(61.0)
-    assert await benched.remaining("route|caller-9") == 0.0
+    assert await benched.remaining("route|caller-9", caller=True) == 0.0
     assert "route|caller-9" not in benched._until  # past: gone once asked about
 
 

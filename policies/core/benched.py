@@ -16,8 +16,8 @@ MAX_BENCH_S = 86_400.0
 # A spent plan (a key's, a vendor's) stays benched this long when the vendor gives no reset.
 EXHAUSTED_FOR_S = 600.0
 # Names benched at once, here: a route that passes its agents' own keys benches one per caller,
-# and callers are as many as the keys agents send. Past it, the one benched longest ago goes (a
-# name found no longer benched goes when it is next asked about).
+# and callers are as many as the keys agents send. Past it, those whose time is past go, then
+# the caller benched longest ago (a route's or a pool key's, a configured few, stay).
 MAX_BENCHED = 10_000
 
 
@@ -35,6 +35,7 @@ class Benched:
         self.link = link
         self._until: dict[str, float] = {}  # names benched here, until when; none past it
         self._why: dict[str, str] = {}
+        self._callers: dict[str, None] = {}  # which of them are callers', oldest first
         # name -> clock.now() of its last Redis read, oldest first; only the last REFRESH_S's.
         self._asked: dict[str, float] = {}
 
@@ -42,13 +43,13 @@ class Benched:
         assert self.link is not None
         return self.link.key("exhausted", name)
 
-    async def mark(self, name: str, seconds: float, why: str = "") -> None:
-        """Bench `name` for `seconds` (at most MAX_BENCH_S); a shorter bench than the one in
-        force changes nothing here."""
+    async def mark(self, name: str, seconds: float, why: str = "", *, caller: bool = False) -> None:
+        """Bench `name` (a caller's own key: `caller`) for `seconds` (at most MAX_BENCH_S); a
+        shorter bench than the one in force changes nothing here."""
         seconds = min(seconds, MAX_BENCH_S)
         until = self.clock.wall() + seconds
         if until > self._until.get(name, 0.0):
-            self._keep(name, until, why)
+            self._keep(name, until, why, caller)
         if self.link is not None:
             # The value is the end (wall seconds), so every replica reads one deadline; the
             # key's own expiry only clears it away afterwards.
@@ -56,14 +57,14 @@ class Benched:
             value = f"{until:.3f} {why}".rstrip()
             await self.link.run(lambda r: r.set(key, value, px=px))
 
-    async def remaining(self, name: str) -> float:
-        """Seconds `name` stays benched (0 when it is not)."""
+    async def remaining(self, name: str, *, caller: bool = False) -> float:
+        """Seconds `name` (a caller's own key: `caller`) stays benched (0 when it is not)."""
         now = self.clock.wall()
         until = self._until.get(name)
         if until is not None:
             if until > now:
                 return until - now
-            del self._until[name], self._why[name]
+            self._forget(name)
         if self.link is None or not self._due(name):
             return 0.0
         key = self._redis_key(name)
@@ -78,15 +79,24 @@ class Benched:
             return 0.0
         if until <= now:
             return 0.0
-        self._keep(name, until, why)
+        self._keep(name, until, why, caller)
         return until - now
 
-    def _keep(self, name: str, until: float, why: str) -> None:
+    def _keep(self, name: str, until: float, why: str, caller: bool) -> None:
         benched = self._until
         if name not in benched and len(benched) >= MAX_BENCHED:
-            first = next(iter(benched))  # benched longest ago
-            del benched[first], self._why[first]
+            now = self.clock.wall()
+            for past in [n for n, end in benched.items() if end <= now]:
+                self._forget(past)
+            if len(benched) >= MAX_BENCHED:  # a caller goes first: they are the many
+                self._forget(next(iter(self._callers or benched)))
         benched[name], self._why[name] = until, why
+        if caller:
+            self._callers[name] = None
+
+    def _forget(self, name: str) -> None:
+        del self._until[name], self._why[name]
+        self._callers.pop(name, None)
 
     def _due(self, name: str) -> bool:
         """Whether Redis is to be asked about `name` now (at most once per REFRESH_S), noted
