@@ -115,8 +115,8 @@ class SearchGuard(_SearchPolicy):
         while failures and next(iter(failures.values()))[0] <= now:
             self._bytes -= failures.popitem(last=False)[1][2]
 
-    def _remember(self, key: str, until: float, reply: Reply) -> None:
-        """Replay `reply` to `key` until `until`, within LOOP_GUARD_ENTRIES and
+    def _remember(self, key: str, reply: Reply) -> None:
+        """Replay `reply` to `key` for `loop_guard` from now, within LOOP_GUARD_ENTRIES and
         LOOP_GUARD_BYTES; the vendor answers one larger than the whole of those again."""
         size = len(reply.body) + sum(len(k) + len(v) for k, v in reply.headers.items())
         if size > LOOP_GUARD_BYTES:
@@ -126,7 +126,7 @@ class SearchGuard(_SearchPolicy):
         if known is not None:
             self._bytes -= known[2]
         self._forget_expired()
-        failures[key] = (until, reply, size)
+        failures[key] = (self.clock.now() + self.config.loop_guard, reply, size)
         self._bytes += size
         while len(failures) > LOOP_GUARD_ENTRIES or self._bytes > LOOP_GUARD_BYTES:
             self._bytes -= failures.popitem(last=False)[1][2]
@@ -185,7 +185,7 @@ class SearchGuard(_SearchPolicy):
             outcome is not Outcome.EMPTY and reply.status in TERMINAL_STATUSES
         )
         if terminal:
-            self._remember(self._key(flow), now + self.config.loop_guard, reply)
+            self._remember(self._key(flow), reply)
         return reply
 
 

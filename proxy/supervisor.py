@@ -276,12 +276,14 @@ class Supervisor:
 
     def _signal(self, sig: signal.Signals) -> None:
         for worker in self.workers:
-            if sig == signal.SIGHUP and not worker.serving:
+            alive = worker.proc is not None and worker.proc.returncode is None
+            if sig == signal.SIGHUP and not (worker.serving and alive):
                 # Starting, or dead and soon started again: it has no handler yet (SIGHUP would
                 # kill it), and may read the config before the others apply the new one. It
                 # gets the SIGHUP once it serves (`_start`).
                 worker.owes_reload = True
-            elif worker.proc is not None and worker.proc.returncode is None:
+            elif alive:
+                assert worker.proc is not None
                 with contextlib.suppress(ProcessLookupError):
                     worker.proc.send_signal(sig)
 
