@@ -21,6 +21,13 @@ class PayloadTooLarge(ClientFault):
     type = "body_too_large"
 
 
+class UnsupportedMediaType(ClientFault):
+    """A body of a media type the endpoint does not take (/mcp: JSON only)."""
+
+    status = 415
+    type = "unsupported_media_type"
+
+
 class ExpectationFailed(ClientFault):
     """An `Expect` other than 100-continue: nothing the proxy can meet."""
 

@@ -37,10 +37,9 @@ import orjson
 import structlog
 from aiohttp import web
 
-from policies.core.errors import BadRequest
 from proxy.clients import Caller, ClientGate, foreign_page, hostname, is_loopback_host
 from proxy.config import McpServerConfig
-from proxy.errors import Forbidden, MethodNotAllowed, NotFound
+from proxy.errors import Forbidden, MethodNotAllowed, NotFound, UnsupportedMediaType
 from proxy.fetch_api import FetchApi
 from proxy.mcp_calls import McpTrace, RunningCalls, ToolContext
 from proxy.search_api import SearchApi
@@ -153,7 +152,7 @@ class McpEndpoint:
 
     async def admit(self, request: web.Request) -> Caller | None:
         """Whether this request may use the MCP server, and its known client: ProxyErrors
-        (404 off, 405 not POST, 403 refused, 401 no known token, 400 not JSON) for the caller
+        (404 off, 405 not POST, 403 refused, 401 no known token, 415 not JSON) for the caller
         to render."""
         if not self.config.enabled:
             raise NotFound(
@@ -183,11 +182,11 @@ class McpEndpoint:
         caller = None
         if self.clients is not None:
             caller = self.clients.identify(None, request.headers, "")  # Unauthorized without one
-        if request.content_type != "application/json":  # the package's answer is plain text
-            raise BadRequest(
+        given = request.headers.get("Content-Type", "")
+        if given.split(";", 1)[0].strip() != "application/json":  # the package's: plain text
+            raise UnsupportedMediaType(
                 f"{self.config.path} takes JSON-RPC messages as Content-Type: application/json "
-                f"(MCP's streamable HTTP); this request's is "
-                f"{request.headers.get('Content-Type', 'not given')!r}",
+                f"(MCP's streamable HTTP); this request's is {given or 'not given'!r}",
                 route="mcp",
             )
         return caller

@@ -450,14 +450,16 @@ async def serve_at(aiohttp_server: Any, raw: dict[str, Any], host: str) -> str:
     return f"http://{host}:{server.port}/mcp"
 
 
-@pytest.mark.parametrize("content_type", ["text/plain", "application/x-www-form-urlencoded"])
+@pytest.mark.parametrize(
+    "content_type", ["text/plain", "application/x-www-form-urlencoded", "Application/JSON"]
+)
 async def test_a_body_that_is_not_json_is_refused_in_the_proxys_shape(
     proxy: Any, content_type: str
 ) -> None:
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": content_type}
     ping = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
     r = await proxy.post("/mcp", data=ping, headers=headers)
-    assert r.status == 400 and r.headers["X-Proxy-Error"] == "bad_request"
+    assert r.status == 415 and r.headers["X-Proxy-Error"] == "unsupported_media_type"
     error = (await r.json())["error"]  # the mcp package's own answer is plain text
     assert "Content-Type: application/json" in error["message"]
     assert repr(content_type) in error["message"]
