@@ -312,6 +312,14 @@ async def test_what_replicas_counted_while_redis_stalled_is_added_once_when_it_a
     raw = Redis.from_url(killable_redis.url)
     assert killable_redis.proc is not None
     try:
+        # Connect and load the script first: a cold machine's first round trip can pass 50 ms.
+        for q, link in zip((a, b), links, strict=True):
+            for _ in range(40):
+                await q.spend("warm-up", 1)
+                if link.up:
+                    break
+                await asyncio.sleep(0.05)
+            assert link.up
         assert [(await q.spend("agent-a", 1)).used for q in (a, b, a)] == [1, 2, 3]
         os.kill(killable_redis.proc.pid, signal.SIGSTOP)  # data kept, commands pile up
         try:
