@@ -20,7 +20,6 @@ from proxy.errors import PayloadTooLarge
 
 # No search, fetch or MCP request nests anywhere near this; an SDK's json.loads fails at ~1000.
 MAX_JSON_DEPTH = 64
-DECODED = frozenset({"gzip", "deflate", "br", "zstd"})  # aiohttp's parser (llhttp's) decodes
 _STRING = re.compile(rb'"(?:[^"\\]|\\.)*"')
 _NOT_BRACKET = bytes(b for b in range(256) if b not in b"[]{}")
 # An opener becomes 2 and a closer 0, so that each minus 1 is the step in depth.
@@ -40,12 +39,13 @@ def nested_deeper(body: bytes, limit: int = MAX_JSON_DEPTH) -> bool:
 
 def inflated(request: web.BaseRequest | Any) -> bool:
     """Whether the body read is not the bytes the agent sent: aiohttp's server decodes a body
-    its parser found a known Content-Encoding for (the last one given) as it reads it;
-    proxy/front.py's path never does."""
+    as it reads it when its parser chose a compression for it, and it is the parser's choice
+    that counts (given Content-Encoding twice, the C parser takes the last, the pure-Python one
+    the first); proxy/front.py's path never decodes. `_message` is checked at start-up
+    (proxy/internals.py)."""
     if not isinstance(request, web.BaseRequest):
         return False
-    given: list[str] = request.headers.getall("Content-Encoding", [])
-    return bool(given) and given[-1].isascii() and given[-1].lower() in DECODED
+    return request._message.compression is not None
 
 
 def too_deep(where: str) -> BadRequest:

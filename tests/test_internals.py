@@ -44,6 +44,15 @@ def test_a_response_protocol_without_one_of_them_is_named() -> None:
     assert missing_internals(response=response) == ["ResponseHandler.set_response_params"]
 
 
+def test_a_request_or_message_without_what_bodies_reads_is_named() -> None:
+    # Stand-ins for a request that keeps its parsed message under another name, and a parsed
+    # message that no longer says which compression the parser chose.
+    request = type("BaseRequest", (), {"ATTRS": web.BaseRequest.ATTRS - {"_message"}})
+    message = type("RawRequestMessage", (), {"method": None})
+    found = missing_internals(request=request, message=message)
+    assert found == ["BaseRequest._message", "RawRequestMessage.compression"]
+
+
 @pytest.mark.e2e
 def test_the_proxy_refuses_to_start_without_them(tmp_path: Any) -> None:
     config = tmp_path / "config.yaml"
