@@ -174,6 +174,7 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.restarts = 0
         self.failed: list[str] = []  # serving workers that did not exit 0 when asked to stop
+        self.hup_at = -1.0  # when the last SIGHUP came (monotonic)
 
     # -- one worker --------------------------------------------------------------------------
 
@@ -236,6 +237,11 @@ class Supervisor:
             if serving and code != 0:
                 self.failed.append(f"worker {worker.slot}: {_exit_text(code)}")
             return
+        if self.hup_at >= worker.started:
+            # A SIGHUP came while it ran, and it may have died before it got it: asyncio sets
+            # the exit status only once it has reaped the process, so `_signal` saw it alive
+            # and signalled a dead pid. Owe it again (a reload it did get is `unchanged`).
+            worker.owes_reload = True
         ran = time.monotonic() - worker.started
         worker.quick_deaths = worker.quick_deaths + 1 if ran < STABLE_S else 1
         delay = restart_delay(worker.quick_deaths)
@@ -275,6 +281,8 @@ class Supervisor:
             write_supervisor(self.run_dir, {"up": up, "restarts": self.restarts})
 
     def _signal(self, sig: signal.Signals) -> None:
+        if sig == signal.SIGHUP:
+            self.hup_at = time.monotonic()
         for worker in self.workers:
             alive = worker.proc is not None and worker.proc.returncode is None
             if sig == signal.SIGHUP and not (worker.serving and alive):

@@ -10,6 +10,7 @@ import signal
 import socket
 import subprocess
 import sys
+import time
 from collections import Counter
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -19,6 +20,7 @@ import aiohttp
 import pytest
 import yaml
 
+from proxy.supervisor import Plan, Supervisor
 from testkit.fakevendor import Fault
 from testkit.procs import ROOT, free_port
 from testkit.proxyprocess import ProxyProcess
@@ -299,6 +301,48 @@ async def test_a_sighup_while_a_worker_starts_reaches_it_once_it_serves(
         assert set(await served(proxy, "w2")) == {0, 1}
     finally:
         assert await stopped(proxy) == 0
+
+
+def dead_without_yielding(pid: int) -> None:
+    """Until process `pid` is a zombie or reaped by asyncio's watcher, blocking the event loop
+    so that no callback of it runs meanwhile."""
+    stat = Path(f"/proc/{pid}/stat")
+    while True:
+        try:
+            if stat.read_text().split(") ")[1][0] == "Z":
+                return
+        except OSError:  # reaped already
+            return
+        time.sleep(0.001)
+
+
+async def test_a_sighup_to_a_worker_dead_before_the_supervisor_noticed_is_owed(tmp_path):
+    plan = Plan(str(tmp_path / "c.yaml"), "127.0.0.1", 0, "127.0.0.1", 0, 1, str(tmp_path))
+    supervisor = Supervisor(plan)
+    worker = supervisor.workers[0]
+
+    async def serving_then_killed() -> int:
+        """A serving worker killed, the SIGHUP passed on before its exit status is read."""
+        worker.proc = await asyncio.create_subprocess_exec("sleep", "30")
+        worker.started, worker.serving = time.monotonic(), True
+        worker.proc.kill()
+        # Dead, though the loop has not run the callback that sets its exit status: to the
+        # supervisor it is still alive.
+        dead_without_yielding(worker.proc.pid)
+        assert worker.proc.returncode is None
+        supervisor._signal(signal.SIGHUP)
+        return await worker.proc.wait()
+
+    # The SIGHUP went to a dead pid: its restart owes the reload.
+    await supervisor._exited(worker, await serving_then_killed())
+    assert worker.owes_reload
+    # One started after the last SIGHUP owes nothing when it dies.
+    worker.owes_reload = False
+    worker.proc = await asyncio.create_subprocess_exec("sleep", "30")
+    worker.started, worker.serving = time.monotonic(), True
+    worker.proc.kill()
+    await supervisor._exited(worker, await worker.proc.wait())
+    assert not worker.owes_reload
 
 
 async def wait_reloads(proxy: ProxyProcess, trigger: str) -> None:
