@@ -103,6 +103,16 @@ def refusal(
     return None
 
 
+def takes_json(content_type: str) -> bool:
+    """Whether the mcp package takes a POST with this Content-Type; its own two checks refuse
+    in plain text (a 400, then a 415): the value starts with application/json, any case; and
+    a comma-separated part of the media type, before parameters, is exactly application/json."""
+    parts = content_type.split(";", 1)[0].split(",")
+    return content_type.lower().startswith("application/json") and any(
+        part.strip() == "application/json" for part in parts
+    )
+
+
 class McpEndpoint:
     """The MCP server of one proxy app: built with the app, running (`running`) once the
     routes and the search API exist, answering at `config.path` through proxy/app.py."""
@@ -183,7 +193,7 @@ class McpEndpoint:
         if self.clients is not None:
             caller = self.clients.identify(None, request.headers, "")  # Unauthorized without one
         given = request.headers.get("Content-Type", "")
-        if given.split(";", 1)[0].strip() != "application/json":  # the package's: plain text
+        if not takes_json(given):
             raise UnsupportedMediaType(
                 f"{self.config.path} takes JSON-RPC messages as Content-Type: application/json "
                 f"(MCP's streamable HTTP); this request's is {given or 'not given'!r}",

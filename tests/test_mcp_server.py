@@ -21,10 +21,12 @@ from aiohttp import web
 from jsonschema import Draft202012Validator
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
+from mcp.server.streamable_http import StreamableHTTPServerTransport
+from mcp.server.transport_security import TransportSecurityMiddleware
 
 from proxy.app import build_app
 from proxy.config import ConfigErrors, McpServerConfig, as_document, parse_config
-from proxy.mcp_server import refusal
+from proxy.mcp_server import refusal, takes_json
 from proxy.mcp_tool import ARGUMENTS, TOOL_NAME, render_text
 from proxy.search_api import SearchApi
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
@@ -451,18 +453,64 @@ async def serve_at(aiohttp_server: Any, raw: dict[str, Any], host: str) -> str:
 
 
 @pytest.mark.parametrize(
-    "content_type", ["text/plain", "application/x-www-form-urlencoded", "Application/JSON"]
+    ("content_type", "taken"),
+    [
+        ("text/plain", False),
+        ("application/x-www-form-urlencoded", False),
+        ("Application/JSON", False),  # the package's 415
+        ("application/json-seq", False),  # the package's 415
+        ("text/plain, application/json", False),  # the package's 400 (not its first)
+        ("application/json; charset=utf-8", True),
+        ("application/json, text/plain", True),
+        ("application/json ,", True),
+    ],
 )
-async def test_a_body_that_is_not_json_is_refused_in_the_proxys_shape(
-    proxy: Any, content_type: str
+async def test_a_body_the_package_would_not_take_is_refused_in_the_proxys_shape(
+    proxy: Any, content_type: str, taken: bool
 ) -> None:
     headers = {"Accept": "application/json, text/event-stream", "Content-Type": content_type}
-    ping = b'{"jsonrpc": "2.0", "id": 1, "method": "tools/list"}'
+    ping = b'{"jsonrpc": "2.0", "id": 1, "method": "ping"}'
     r = await proxy.post("/mcp", data=ping, headers=headers)
+    if taken:
+        assert r.status == 200 and (await r.json())["result"] == {}
+        return
     assert r.status == 415 and r.headers["X-Proxy-Error"] == "unsupported_media_type"
     error = (await r.json())["error"]  # the mcp package's own answer is plain text
     assert "Content-Type: application/json" in error["message"]
     assert repr(content_type) in error["message"]
+
+
+def test_the_content_types_taken_are_the_mcp_packages() -> None:
+    """`takes_json` against the installed package's own two checks: any type it takes, the
+    proxy passes on; any it refuses in plain text, the proxy refuses in its JSON shape."""
+    security = TransportSecurityMiddleware()
+    transport = StreamableHTTPServerTransport(mcp_session_id=None)
+
+    class Request:
+        def __init__(self, content_type: str) -> None:
+            self.headers = {"content-type": content_type}
+
+    values = [
+        "application/json",
+        "application/json; charset=utf-8",
+        "application/json;charset=UTF-8",
+        "application/json, text/plain",
+        "application/json ,",
+        "APPLICATION/JSON",
+        "application/JSON",
+        "application/jsonx",
+        "application/json-seq",
+        "application/jsonl, application/json",
+        "text/plain, application/json",
+        "text/plain",
+        "",
+    ]
+    for value in values:
+        package = security._validate_content_type(value) and transport._check_content_type(
+            Request(value)  # type: ignore[arg-type]
+        )
+        assert takes_json(value) == package, value
+    assert [v for v in values if takes_json(v)] == values[:5] + values[9:10]
 
 
 async def test_a_remote_peer_is_refused_unless_allow_remote(
