@@ -294,14 +294,20 @@ async def test_names_benched_are_bounded_and_let_go_once_past() -> None:
     await benched.mark("route|key:0", 600.0, "exhausted")  # the route's own: a configured few
     await benched.mark("route", 3600.0, "spent")
     await benched.mark("route|gone", 1.0, "paused", caller=True)
+    await benched.mark("route|again", 60.0, "paused", caller=True)
     clock.advance(2.0)
-    for i in range(MAX_BENCHED):  # as many callers' own keys paused by the vendor
+    for i in range(MAX_BENCHED - 1):  # as many callers' own keys paused by the vendor
         await benched.mark(f"route|caller-{i}", 60.0, "paused", caller=True)
+        if i == 1:
+            await benched.mark("route|again", 60.0, "paused again", caller=True)  # anew
     assert len(benched._until) == len(benched._why) == MAX_BENCHED
     assert "route|gone" not in benched._until  # past its time: the first to go
     assert await benched.remaining("route|caller-0") == 0.0  # then the caller benched first
-    assert await benched.remaining(f"route|caller-{MAX_BENCHED - 1}") == 60.0
-    assert benched.why(f"route|caller-{MAX_BENCHED - 1}") == "paused"
+    assert await benched.remaining("route|caller-1") == 0.0  # and the next
+    assert await benched.remaining("route|again") == 60.0  # benched anew after caller-1 was
+    assert benched.why("route|again") == "paused again"
+    assert await benched.remaining(f"route|caller-{MAX_BENCHED - 2}") == 60.0
+    assert benched.why(f"route|caller-{MAX_BENCHED - 2}") == "paused"
     assert await benched.remaining("route|key:0") == 598.0  # never a configured name
     assert await benched.remaining("route") == 3598.0
     clock.advance(61.0)

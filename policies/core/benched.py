@@ -84,7 +84,9 @@ class Benched:
 
     def _keep(self, name: str, until: float, why: str, caller: bool) -> None:
         benched = self._until
-        if name not in benched and len(benched) >= MAX_BENCHED:
+        if name in benched:  # to the end: at the cap, the one benched longest ago goes first
+            self._forget(name)
+        elif len(benched) >= MAX_BENCHED:
             now = self.clock.wall()
             for past in [n for n, end in benched.items() if end <= now]:
                 self._forget(past)
