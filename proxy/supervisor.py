@@ -154,6 +154,18 @@ class Plan:
         return [sys.executable, "-m", "proxy.supervisor", plan]
 
 
+def _exited(proc: asyncio.subprocess.Process) -> bool:
+    """Whether `proc` has exited, asked of the kernel: asyncio sets `returncode` only once its
+    watcher has reaped the child and the loop has run the callback, so a worker just killed
+    still looks alive to it, and a signal meant for it would go to a dead pid."""
+    if proc.returncode is not None:
+        return True
+    try:  # WNOWAIT: a zombie is left for asyncio's watcher to reap
+        return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
+    except ChildProcessError:  # reaped already
+        return True
+
+
 @dataclass
 class _Worker:
     slot: int
@@ -174,7 +186,6 @@ class Supervisor:
         self.stopping = asyncio.Event()
         self.restarts = 0
         self.failed: list[str] = []  # serving workers that did not exit 0 when asked to stop
-        self.hup_at = -1.0  # when the last SIGHUP came (monotonic)
 
     # -- one worker --------------------------------------------------------------------------
 
@@ -219,7 +230,7 @@ class Supervisor:
         if said != b"\n":  # the pipe closed: it exited (or was killed) without listening
             return await proc.wait()
         worker.serving = True
-        if worker.owes_reload:
+        if worker.owes_reload and not _exited(proc):  # else its restart still owes it
             # It may have read the config before the others applied the new one: a reload of
             # the same file again is answered `unchanged`, a missed one would split the fleet.
             worker.owes_reload = False
@@ -237,11 +248,6 @@ class Supervisor:
             if serving and code != 0:
                 self.failed.append(f"worker {worker.slot}: {_exit_text(code)}")
             return
-        if self.hup_at >= worker.started:
-            # A SIGHUP came while it ran, and it may have died before it got it: asyncio sets
-            # the exit status only once it has reaped the process, so `_signal` saw it alive
-            # and signalled a dead pid. Owe it again (a reload it did get is `unchanged`).
-            worker.owes_reload = True
         ran = time.monotonic() - worker.started
         worker.quick_deaths = worker.quick_deaths + 1 if ran < STABLE_S else 1
         delay = restart_delay(worker.quick_deaths)
@@ -281,10 +287,8 @@ class Supervisor:
             write_supervisor(self.run_dir, {"up": up, "restarts": self.restarts})
 
     def _signal(self, sig: signal.Signals) -> None:
-        if sig == signal.SIGHUP:
-            self.hup_at = time.monotonic()
         for worker in self.workers:
-            alive = worker.proc is not None and worker.proc.returncode is None
+            alive = worker.proc is not None and not _exited(worker.proc)
             if sig == signal.SIGHUP and not (worker.serving and alive):
                 # Starting, or dead and soon started again: it has no handler yet (SIGHUP would
                 # kill it), and may read the config before the others apply the new one. It

@@ -320,29 +320,47 @@ async def test_a_sighup_to_a_worker_dead_before_the_supervisor_noticed_is_owed(t
     plan = Plan(str(tmp_path / "c.yaml"), "127.0.0.1", 0, "127.0.0.1", 0, 1, str(tmp_path))
     supervisor = Supervisor(plan)
     worker = supervisor.workers[0]
-
-    async def serving_then_killed() -> int:
-        """A serving worker killed, the SIGHUP passed on before its exit status is read."""
-        worker.proc = await asyncio.create_subprocess_exec("sleep", "30")
-        worker.started, worker.serving = time.monotonic(), True
-        worker.proc.kill()
-        # Dead, though the loop has not run the callback that sets its exit status: to the
-        # supervisor it is still alive.
-        dead_without_yielding(worker.proc.pid)
-        assert worker.proc.returncode is None
-        supervisor._signal(signal.SIGHUP)
-        return await worker.proc.wait()
-
-    # The SIGHUP went to a dead pid: its restart owes the reload.
-    await supervisor._exited(worker, await serving_then_killed())
-    assert worker.owes_reload
-    # One started after the last SIGHUP owes nothing when it dies.
-    worker.owes_reload = False
-    worker.proc = await asyncio.create_subprocess_exec("sleep", "30")
+    # A serving worker that ignores SIGHUP (as a worker's handler takes it), killed just
+    # before the SIGHUP reaches the supervisor: dead, though the loop has not run the callback
+    # that sets its exit status.
+    worker.proc = await ignoring_sighup_process()
     worker.started, worker.serving = time.monotonic(), True
+    ignoring_sighup(worker.proc.pid)
     worker.proc.kill()
+    dead_without_yielding(worker.proc.pid)
+    assert worker.proc.returncode is None
+    supervisor._signal(signal.SIGHUP)
     await supervisor._exited(worker, await worker.proc.wait())
+    assert worker.owes_reload  # its restart gets it once it serves
+    # One alive when the SIGHUP comes gets it, and owes nothing when it dies later: its
+    # restart starts on the fleet's config, not on a file the operator has since edited.
+    worker.owes_reload = False
+    worker.proc = await ignoring_sighup_process()
+    worker.started, worker.serving = time.monotonic(), True
+    ignoring_sighup(worker.proc.pid)
+    supervisor._signal(signal.SIGHUP)
+    assert worker.proc.returncode is None and not worker.owes_reload
+    worker.proc.kill()
+    assert await worker.proc.wait() == -signal.SIGKILL  # SIGHUP ignored: killed by SIGKILL
+    await supervisor._exited(worker, -signal.SIGKILL)
     assert not worker.owes_reload
+
+
+async def ignoring_sighup_process() -> asyncio.subprocess.Process:
+    quiet = asyncio.subprocess.DEVNULL  # nohup writes nohup.out when stdout is a terminal
+    return await asyncio.create_subprocess_exec(
+        "nohup", "sleep", "30", stdin=quiet, stdout=quiet, stderr=quiet
+    )
+
+
+def ignoring_sighup(pid: int) -> None:
+    """Until process `pid` ignores SIGHUP (nohup has set it, and exec'd its command)."""
+    status = Path(f"/proc/{pid}/status")
+    while True:
+        lines = dict(line.split(":", 1) for line in status.read_text().splitlines())
+        if lines["Name"].strip() == "sleep" and int(lines["SigIgn"], 16) & 1:
+            return
+        time.sleep(0.001)
 
 
 async def wait_reloads(proxy: ProxyProcess, trigger: str) -> None:
