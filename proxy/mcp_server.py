@@ -104,11 +104,15 @@ def refusal(
 
 
 def takes_json(content_type: str) -> bool:
-    """Whether the mcp package takes a POST with this Content-Type; its own two checks refuse
-    in plain text (a 400, then a 415): the value starts with application/json, any case; and
-    a comma-separated part of the media type, before parameters, is exactly application/json."""
-    parts = content_type.split(";", 1)[0].split(",")
-    return content_type.lower().startswith("application/json") and any(
+    """Whether the mcp package takes a POST with this Content-Type (as aiohttp decodes it);
+    its own two checks refuse in plain text (a 400, then a 415): the value starts with
+    application/json, any case; and a comma-separated part of the media type, before
+    parameters, is exactly application/json. The package reads the header's bytes as Latin-1
+    (Starlette), aiohttp as UTF-8: read as the package reads it, or `strip` takes different
+    characters for space (a UTF-8 no-break space passed here and met the package's 415)."""
+    value = content_type.encode("utf-8", "surrogateescape").decode("latin-1")
+    parts = value.split(";", 1)[0].split(",")
+    return value.lower().startswith("application/json") and any(
         part.strip() == "application/json" for part in parts
     )
 

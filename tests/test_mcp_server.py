@@ -482,7 +482,8 @@ async def test_a_body_the_package_would_not_take_is_refused_in_the_proxys_shape(
 
 def test_the_content_types_taken_are_the_mcp_packages() -> None:
     """`takes_json` against the installed package's own two checks: any type it takes, the
-    proxy passes on; any it refuses in plain text, the proxy refuses in its JSON shape."""
+    proxy passes on; any it refuses in plain text, the proxy refuses in its JSON shape. The
+    same bytes reach the proxy as aiohttp decodes them and the package as Starlette does."""
     security = TransportSecurityMiddleware()
     transport = StreamableHTTPServerTransport(mcp_session_id=None)
 
@@ -491,26 +492,32 @@ def test_the_content_types_taken_are_the_mcp_packages() -> None:
             self.headers = {"content-type": content_type}
 
     values = [
-        "application/json",
-        "application/json; charset=utf-8",
-        "application/json;charset=UTF-8",
-        "application/json, text/plain",
-        "application/json ,",
-        "APPLICATION/JSON",
-        "application/JSON",
-        "application/jsonx",
-        "application/json-seq",
-        "application/jsonl, application/json",
-        "text/plain, application/json",
-        "text/plain",
-        "",
+        b"application/json",
+        b"application/json; charset=utf-8",
+        b"application/json;charset=UTF-8",
+        b"application/json, text/plain",
+        b"application/json ,",
+        b"application/json\xa0",  # Latin-1's no-break space: space to the package
+        b"APPLICATION/JSON",
+        b"application/JSON",
+        b"application/jsonx",
+        b"application/json-seq",
+        b"application/jsonl, application/json",
+        b"text/plain, application/json",
+        b"text/plain",
+        b"",
+        b"application/json\xc2\xa0",  # UTF-8's no-break space: not space to the package
+        b"application/json\xe2\x80\x83",  # UTF-8's em space
+        b"application/json\xff",
     ]
-    for value in values:
-        package = security._validate_content_type(value) and transport._check_content_type(
-            Request(value)  # type: ignore[arg-type]
+    for raw in values:
+        seen = raw.decode("latin-1")  # as Starlette reads the header
+        package = security._validate_content_type(seen) and transport._check_content_type(
+            Request(seen)  # type: ignore[arg-type]
         )
-        assert takes_json(value) == package, value
-    assert [v for v in values if takes_json(v)] == values[:5] + values[9:10]
+        assert takes_json(raw.decode("utf-8", "surrogateescape")) == package, raw
+    taken = [v for v in values if takes_json(v.decode("utf-8", "surrogateescape"))]
+    assert taken == values[:6] + values[10:11]
 
 
 async def test_a_remote_peer_is_refused_unless_allow_remote(
