@@ -154,7 +154,7 @@ class Plan:
         return [sys.executable, "-m", "proxy.supervisor", plan]
 
 
-def _exited(proc: asyncio.subprocess.Process) -> bool:
+def _gone(proc: asyncio.subprocess.Process) -> bool:
     """Whether `proc` has exited, asked of the kernel: asyncio sets `returncode` only once its
     watcher has reaped the child and the loop has run the callback, so a worker just killed
     still looks alive to it, and a signal meant for it would go to a dead pid."""
@@ -164,6 +164,14 @@ def _exited(proc: asyncio.subprocess.Process) -> bool:
         return os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None
     except ChildProcessError:  # reaped already
         return True
+
+
+def _send(proc: asyncio.subprocess.Process, sig: signal.Signals) -> None:
+    """Signal a worker `_gone` found alive. Not `Process.send_signal`: its Popen polls first,
+    and may reap a worker that just died, so asyncio's watcher finds no child and reports
+    exit status 255 instead of how the worker ended."""
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(proc.pid, sig)
 
 
 @dataclass
@@ -230,12 +238,11 @@ class Supervisor:
         if said != b"\n":  # the pipe closed: it exited (or was killed) without listening
             return await proc.wait()
         worker.serving = True
-        if worker.owes_reload and not _exited(proc):  # else its restart still owes it
+        if worker.owes_reload and not _gone(proc):  # else its restart still owes it
             # It may have read the config before the others applied the new one: a reload of
             # the same file again is answered `unchanged`, a missed one would split the fleet.
             worker.owes_reload = False
-            with contextlib.suppress(ProcessLookupError):
-                proc.send_signal(signal.SIGHUP)
+            _send(proc, signal.SIGHUP)
         return None
 
     async def _exited(self, worker: _Worker, code: int) -> None:
@@ -288,7 +295,7 @@ class Supervisor:
 
     def _signal(self, sig: signal.Signals) -> None:
         for worker in self.workers:
-            alive = worker.proc is not None and not _exited(worker.proc)
+            alive = worker.proc is not None and not _gone(worker.proc)
             if sig == signal.SIGHUP and not (worker.serving and alive):
                 # Starting, or dead and soon started again: it has no handler yet (SIGHUP would
                 # kill it), and may read the config before the others apply the new one. It
@@ -296,8 +303,7 @@ class Supervisor:
                 worker.owes_reload = True
             elif alive:
                 assert worker.proc is not None
-                with contextlib.suppress(ProcessLookupError):
-                    worker.proc.send_signal(sig)
+                _send(worker.proc, sig)
 
     def _stop(self, sig: signal.Signals) -> None:
         if not self.stopping.is_set():
