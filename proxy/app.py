@@ -569,10 +569,17 @@ def build_admin_app(app: web.Application) -> web.Application:
     admin[STATE] = app[STATE]
     admin[ADMIN_LISTENER] = True
     admin[RELOADER] = app[RELOADER]
-    admin.router.add_get("/", status_page)
-    admin.router.add_get("/admin/status", status_endpoint)
-    admin.router.add_post("/admin/reload", reload_endpoint)
-    admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers")
-    admin.router.add_post("/admin/breakers/{route}/reset", admin_endpoint, name="reset_breaker")
-    admin.router.add_delete("/admin/cache/{route}", admin_endpoint, name="clear_cache")
+    admin.router.add_get("/", status_page, expect_handler=expect)
+    admin.router.add_get("/admin/status", status_endpoint, expect_handler=expect)
+    admin.router.add_post("/admin/reload", reload_endpoint, expect_handler=expect)
+    admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers", expect_handler=expect)
+    admin.router.add_post(
+        "/admin/breakers/{route}/reset",
+        admin_endpoint,
+        name="reset_breaker",
+        expect_handler=expect,
+    )
+    admin.router.add_delete(
+        "/admin/cache/{route}", admin_endpoint, name="clear_cache", expect_handler=expect
+    )
     return admin

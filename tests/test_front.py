@@ -186,6 +186,25 @@ async def test_an_expect_the_proxy_cannot_meet_is_a_json_417(vendor, start_proxy
     raw.close()
 
 
+@pytest.mark.parametrize(
+    "request_bytes",
+    [
+        post("/admin/reload", b"{}", "Expect: 200-ok"),
+        b"GET /admin/status HTTP/1.1\r\nHost: p\r\nExpect: 200-ok\r\n\r\n",
+    ],
+)
+async def test_an_expect_the_admin_listener_cannot_meet_is_a_json_417(
+    vendor, start_proxy, admin_of, request_bytes: bytes
+):
+    listener = await admin_of(await start_proxy(one_route(vendor)))
+    raw = await Raw.to(listener)
+    await raw.send(request_bytes)
+    status, headers, body = await raw.answer()
+    assert status == 417 and headers["x-proxy-error"] == "expectation_failed"
+    assert json.loads(body)["error"]["type"] == "expectation_failed"
+    raw.close()
+
+
 async def test_http_1_0_keeps_the_connection_only_when_asked(vendor, start_proxy):
     client = await start_proxy(one_route(vendor))
     raw = await Raw.to(client)
