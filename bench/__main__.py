@@ -18,6 +18,7 @@ import traceback
 from collections.abc import Callable
 
 from bench import (
+    ablation,
     burst,
     chaos,
     failover,
@@ -40,6 +41,7 @@ from testkit.procs import stop_all
 # A group runs its scenarios and hands each one, as soon as it is done, to the callback.
 GROUPS: dict[str, Callable[[Pinning, Callable[[Scenario], None]], None]] = {
     "core": workers.run,  # bench/core.py's figures, each policy's cost, one worker against two
+    "ablation": ablation.run,  # each policy's cost to a miss, by taking it out of the route
     "retries": retries.run,
     "resilience": resilience.run,
     "search": search.run,

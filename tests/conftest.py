@@ -34,6 +34,7 @@ TIER_OF_MODULE = {
     "test_admin": "integration",
     "test_amplification": "e2e",
     "test_backoff": "unit",
+    "test_bench_ablation": "unit",
     "test_bench_chain": "unit",
     "test_bench_report": "unit",
     "test_bench_upstream": "integration",
