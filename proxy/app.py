@@ -569,17 +569,14 @@ def build_admin_app(app: web.Application) -> web.Application:
     admin[STATE] = app[STATE]
     admin[ADMIN_LISTENER] = True
     admin[RELOADER] = app[RELOADER]
-    admin.router.add_get("/", status_page, expect_handler=expect)
-    admin.router.add_get("/admin/status", status_endpoint, expect_handler=expect)
-    admin.router.add_post("/admin/reload", reload_endpoint, expect_handler=expect)
-    admin.router.add_get("/admin/breakers", admin_endpoint, name="breakers", expect_handler=expect)
-    admin.router.add_post(
-        "/admin/breakers/{route}/reset",
-        admin_endpoint,
-        name="reset_breaker",
-        expect_handler=expect,
-    )
-    admin.router.add_delete(
-        "/admin/cache/{route}", admin_endpoint, name="clear_cache", expect_handler=expect
-    )
+    endpoints = [
+        ("GET", "/", status_page, None),
+        ("GET", "/admin/status", status_endpoint, None),
+        ("POST", "/admin/reload", reload_endpoint, None),
+        ("GET", "/admin/breakers", admin_endpoint, "breakers"),
+        ("POST", "/admin/breakers/{route}/reset", admin_endpoint, "reset_breaker"),
+        ("DELETE", "/admin/cache/{route}", admin_endpoint, "clear_cache"),
+    ]
+    for method, path, handler, name in endpoints:
+        admin.router.add_route(method, path, handler, name=name, expect_handler=expect)
     return admin

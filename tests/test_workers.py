@@ -323,9 +323,8 @@ async def test_a_sighup_to_a_worker_dead_before_the_supervisor_noticed_is_owed(t
     # A serving worker that ignores SIGHUP (as a worker's handler takes it), killed just
     # before the SIGHUP reaches the supervisor: dead, though the loop has not run the callback
     # that sets its exit status.
-    worker.proc = await ignoring_sighup_process()
+    worker.proc = await ignoring_sighup()
     worker.started, worker.serving = time.monotonic(), True
-    ignoring_sighup(worker.proc.pid)
     worker.proc.kill()
     dead_without_yielding(worker.proc.pid)
     assert worker.proc.returncode is None
@@ -335,9 +334,8 @@ async def test_a_sighup_to_a_worker_dead_before_the_supervisor_noticed_is_owed(t
     # One alive when the SIGHUP comes gets it, and owes nothing when it dies later: its
     # restart starts on the fleet's config, not on a file the operator has since edited.
     worker.owes_reload = False
-    worker.proc = await ignoring_sighup_process()
+    worker.proc = await ignoring_sighup()
     worker.started, worker.serving = time.monotonic(), True
-    ignoring_sighup(worker.proc.pid)
     supervisor._signal(signal.SIGHUP)
     assert worker.proc.returncode is None and not worker.owes_reload
     worker.proc.kill()
@@ -346,21 +344,21 @@ async def test_a_sighup_to_a_worker_dead_before_the_supervisor_noticed_is_owed(t
     assert not worker.owes_reload
 
 
-async def ignoring_sighup_process() -> asyncio.subprocess.Process:
+async def ignoring_sighup() -> asyncio.subprocess.Process:
+    """A child that ignores SIGHUP (under nohup), once it does: nohup has set it and exec'd
+    its command."""
     quiet = asyncio.subprocess.DEVNULL  # nohup writes nohup.out when stdout is a terminal
-    return await asyncio.create_subprocess_exec(
+    proc = await asyncio.create_subprocess_exec(
         "nohup", "sleep", "30", stdin=quiet, stdout=quiet, stderr=quiet
     )
+    await eventually(lambda: sighup_ignored(proc.pid))
+    return proc
 
 
-def ignoring_sighup(pid: int) -> None:
-    """Until process `pid` ignores SIGHUP (nohup has set it, and exec'd its command)."""
-    status = Path(f"/proc/{pid}/status")
-    while True:
-        lines = dict(line.split(":", 1) for line in status.read_text().splitlines())
-        if lines["Name"].strip() == "sleep" and int(lines["SigIgn"], 16) & 1:
-            return
-        time.sleep(0.001)
+def sighup_ignored(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status").read_text()
+    lines = dict(line.split(":", 1) for line in status.splitlines())
+    return lines["Name"].strip() == "sleep" and int(lines["SigIgn"], 16) & 1 == 1
 
 
 async def wait_reloads(proxy: ProxyProcess, trigger: str) -> None:
