@@ -133,6 +133,7 @@ class WrkRun:
     requests: int
     errors: int  # socket errors and non-2xx answers
     cpu: dict[str, float]  # share of one core used during the run, by process
+    wall: float = 0.0  # seconds the run took, wrk's start and exit included (what `cpu` is over)
 
 
 def _write_script(tmp: Path, *, unique: bool = False) -> Path:
@@ -178,6 +179,7 @@ def _wrk(
         requests=r["requests"],
         errors=errors,
         cpu=cpu,
+        wall=wall,
     )
 
 

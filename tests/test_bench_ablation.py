@@ -4,7 +4,7 @@ whole route's time less its variant's, round by round."""
 
 from __future__ import annotations
 
-from bench.ablation import DROPS, costs, variants
+from bench.ablation import DROPS, costs, latency_scenario, variants
 from bench.core import FULL
 from proxy.config import parse_config
 
@@ -31,3 +31,24 @@ def test_a_sections_cost_is_the_whole_less_the_route_without_it_per_round() -> N
     assert set(found) == set(DROPS)
     assert found["cache"] == [70.0, 60.0]  # round by round, not medians apart
     assert found["retry"] == [10.0, 30.0]
+
+
+def test_the_c1_scenario_reports_added_p50_and_cpu_per_round() -> None:
+    names = ["bare forwarder", "every policy", "no policy", *(f"without {n}" for n in DROPS)]
+    p50 = {name: [595.0, 585.0] for name in names}  # each section adds +5 us
+    p50["bare forwarder"] = [400.0, 420.0]
+    p50["every policy"] = [600.0, 590.0]  # +200 and +170 over the bare forwarder, round by round
+    p50["no policy"] = [410.0, 440.0]
+    p50["without cache"] = [500.0, 520.0]  # the cache adds +100 and +70
+    cpu = {name: [250.0, 250.0] for name in names}
+    cpu["every policy"] = [440.0, 420.0]
+    found = latency_scenario(p50, cpu)
+    figures = {f.label: f.text for f in found.figures}
+    assert figures["every policy, miss, added p50"] == "+185 us"
+    assert figures["its added CPU"] == "+180 us/request"
+    assert figures["no policy, added p50"] == "+15 us"
+    costs_from = next(i for i, line in enumerate(found.details) if "added p50 (" in line) + 1
+    listed = [line.split()[0] for line in found.details[costs_from:]]
+    assert listed[0] == "cache"  # the largest first
+    assert "+85 (min +70, max +100, n=2) us" in found.details[costs_from]
+    assert len(listed) == len(DROPS)
