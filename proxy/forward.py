@@ -56,6 +56,7 @@ log = structlog.get_logger("search_proxy")
 _NEVER_SENT = faults.HEADER
 RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
+_NO_BODY = frozenset({204, 304})  # statuses whose answers never carry a body (RFC 9110 6.4.1)
 
 
 def is_stream(resp: Answer) -> bool:
@@ -238,8 +239,10 @@ class Upstream:
                 resp = await self.vendors.send(
                     self.origin, request.method, head, request.body, self.connect
                 )
-                headers = response_headers(resp.headers)
-                declared = resp.content_length if request.method != "HEAD" else None
+                headers = response_headers(resp.headers, encoded=resp.encoded)
+                # A HEAD's, a 204's or a 304's Content-Length is the size a body would have had.
+                bodiless = request.method == "HEAD" or resp.status in _NO_BODY
+                declared = None if bodiless else resp.content_length
                 if declared is not None and declared > self.max_bytes:
                     raise self._too_large(flow, declared)
                 if is_stream(resp):

@@ -29,6 +29,7 @@ from typing import Any
 import aiohappyeyeballs
 from aiohttp.client_proto import ResponseHandler
 from aiohttp.http import RawResponseMessage
+from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.streams import StreamReader
 from multidict import CIMultiDictProxy
 from yarl import URL
@@ -42,6 +43,10 @@ Resolve = Callable[[str, int], Awaitable[list[AddrInfo]]]
 DNS_TTL_S = 300.0  # how long a host name's addresses are used before asking again
 HAPPY_EYEBALLS_S = 0.25  # an address that has not connected by then gets the next one tried too
 READ_BUFSIZE = 16 * 1024  # the parser's read limit: what of a body is buffered before pausing
+# Interim (1xx) answers read past before the real one: 100 Continue, 103 Early Hints (which a
+# server may send more than once). More is no vendor answering but a peer flooding us: aiohttp
+# parses every head a read holds and queues each until it is read, pausing for bodies only.
+MAX_INTERIM = 8
 # A request of these methods carries no body unless it has one; any other says Content-Length: 0
 # when empty (as aiohttp did: some servers refuse a POST without a length).
 _BODILESS = frozenset({"GET", "HEAD", "OPTIONS", "TRACE"})
@@ -114,12 +119,38 @@ def request_head(
     return head.encode("utf-8", "surrogateescape")
 
 
+def _coded(headers: CIMultiDictProxy[str]) -> bool:
+    """Whether the answer names a content coding other than identity."""
+    values = headers.getall("Content-Encoding", ())
+    return any(c.strip().lower() not in ("", "identity") for v in values for c in v.split(","))
+
+
+def _not_final(code: int) -> str:
+    """Why an answer with status `code` is no answer to the request (RFC 9110 15: a status
+    outside 100-599 is invalid; a 101 switches to a protocol the proxy never asked for)."""
+    if code == 101:
+        return "a 101 Switching Protocols the proxy did not ask for"
+    if 100 <= code <= 199:
+        return f"more than {MAX_INTERIM} interim (1xx) answers before the answer"
+    return f"status {code}, outside 100-599"
+
+
+def _read_transfer_coding(value: str) -> None:
+    """Refuse a Transfer-Encoding other than chunked: aiohttp reads chunked framing and no
+    transfer coding besides (a `gzip, chunked` body would go on still compressed, unlabelled)."""
+    codings = [c.strip().lower() for c in value.split(",")]
+    if any(c not in ("chunked", "identity") for c in codings):
+        raise HttpProcessingError(
+            message=f"Transfer-Encoding {value[:60]!r}: the proxy reads no coding but chunked"
+        )
+
+
 class Answer:
     """One upstream answer: status, headers and the body as aiohttp's StreamReader (`content`).
     The connection goes back to the pool once the body is read to its end (or `release()` after
     it is), and is closed by `close()` or a `release()` before the end."""
 
-    __slots__ = ("_conn", "content", "headers", "method", "status")
+    __slots__ = ("_conn", "content", "encoded", "headers", "method", "status")
 
     def __init__(
         self,
@@ -133,6 +164,12 @@ class Answer:
         self.headers: CIMultiDictProxy[str] = message.headers
         self.content = content
         self.method = method
+        # A Content-Encoding aiohttp did not decode (`x-gzip`, `gzip, gzip`): the body goes on
+        # as sent, and so must its label.
+        headers = message.headers
+        self.encoded = (
+            "Content-Encoding" in headers and message.compression is None and _coded(headers)
+        )
         if content.is_eof():
             self._done()
         else:
@@ -196,6 +233,10 @@ class VendorConnection(ResponseHandler):
             self.close()
             return
         super().data_received(data)
+        if len(self) > MAX_INTERIM + 1:
+            # More heads parsed than one request can be answered with: read no more. What was
+            # parsed stays queued for `send`, which refuses it; what was not is never read.
+            self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
@@ -267,11 +308,19 @@ class VendorPool:
                 transport.write(head + body if body else head)
             else:
                 transport.writelines((head, body))  # no copy of a large body
+            interim = 0
             while True:
                 message, payload = await conn.read()
-                # 1xx interim answers (100 Continue, 103 Early Hints) precede the real one.
-                if not 100 <= message.code <= 199 or message.code == 101:
+                code = message.code
+                if 200 <= code <= 599:
                     break
+                # 1xx interim answers (100 Continue, 103 Early Hints) precede the real one.
+                if not 100 <= code <= 199 or code == 101 or interim == MAX_INTERIM:
+                    raise HttpProcessingError(message=_not_final(code))
+                interim += 1
+            coding = message.headers.get("Transfer-Encoding")
+            if coding is not None and coding.lower() != "chunked":
+                _read_transfer_coding(coding)
         except BaseException:
             conn.close()
             raise

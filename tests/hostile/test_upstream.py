@@ -20,12 +20,16 @@ from policies.core.clock import ManualClock
 from proxy.app import STATE
 from proxy.bodies import MAX_JSON_DEPTH
 from proxy.config import ConfigError, parse_config
+from proxy.outbound import MAX_INTERIM
 from testkit.fakevendor import FakeVendor
 from tests.conftest import route
 
 MiB = 1024 * 1024
 OK_BODY = b'{"results": [{"title": "t", "url": "https://example.com/", "content": "c"}]}'
 Writer = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
+
+
+EARLY_HINTS = b"HTTP/1.1 103 Early Hints\r\nLink: </style.css>; rel=preload\r\n\r\n"
 
 
 def http(
@@ -60,6 +64,18 @@ BROKEN: dict[str, bytes] = {
     "a corrupt gzip body": http(
         gzip_of(OK_BODY)[:12] + b"\x00" * 40, b"Content-Encoding: gzip", length=52
     ),
+    # RFC 9110 15: a status outside 100-599 is invalid (clients cannot all parse 0 or 99).
+    "status 099": http(status=b"HTTP/1.1 099 Odd"),
+    "status 600": http(status=b"HTTP/1.1 600 Odd"),
+    "a 101 nobody asked for": b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: x\r\n\r\n",
+    # aiohttp reads the chunks and leaves the gzip: it would go on compressed and unlabelled.
+    "a gzip transfer coding": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: gzip, chunked\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n"
+        % (len(gzip_of(OK_BODY)), gzip_of(OK_BODY))
+    ),
+    "nine interim answers": EARLY_HINTS * (MAX_INTERIM + 1) + http(),
 }
 # A body cut short is the connection ending early; everything else is not HTTP at all.
 ERROR_TYPE = dict.fromkeys(BROKEN, "upstream_invalid_response") | {
@@ -188,6 +204,78 @@ async def test_a_broken_answer_on_a_search_route_speaks_the_vendors_error_shape(
     body = await r.json()
     assert body["search_proxy"]["type"] == "upstream_invalid_response"
     assert "broken HTTP response" in body["detail"]["error"]
+
+
+async def test_interim_answers_up_to_the_bound_are_read_past(
+    upstream: RawUpstream, start_proxy: Any
+) -> None:
+    upstream.default = EARLY_HINTS * MAX_INTERIM + http()
+    client = await start_proxy({"routes": {"v": route(upstream.url, "/v")}})
+    r = await client.post("/v/search", json={"query": "q"})
+    assert r.status == 200 and await r.read() == OK_BODY
+
+
+async def test_a_flood_of_interim_answers_is_refused_and_no_more_of_it_read(
+    upstream: RawUpstream, start_proxy: Any
+) -> None:
+    sent = [0]
+
+    async def flood(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        chunk = EARLY_HINTS * 1000  # 60 KB of heads
+        while sent[0] < 256 * MiB:  # the proxy read on until per_try: hundreds of MB held
+            writer.write(chunk)
+            await writer.drain()
+            sent[0] += len(chunk)
+
+    upstream.default = flood
+    client = await start_proxy({"routes": {"v": route(upstream.url, "/v")}})
+    r = await client.post("/v/search", json={"query": "q"})
+    assert r.status == 502 and r.headers["X-Proxy-Error"] == "upstream_invalid_response"
+    message = (await r.json())["error"]["message"]
+    assert f"more than {MAX_INTERIM} interim (1xx) answers" in message
+    await asyncio.wait_for(upstream.hung_up.wait(), 5)
+    # What the proxy took before it hung up: one read's worth of heads, and the sockets' buffers.
+    assert sent[0] < 16 * MiB
+
+
+async def test_a_body_in_a_coding_aiohttp_does_not_decode_keeps_its_label(
+    upstream: RawUpstream, start_proxy: Any
+) -> None:
+    packed = gzip_of(b"plain text")
+    upstream.default = http(
+        packed, b"Content-Encoding: x-gzip", b"Content-Type: text/plain"
+    ).replace(b"Content-Type: application/json\r\n", b"", 1)
+    cache = {"ttl": "10m", "methods": ["GET"]}
+    client = await start_proxy({"routes": {"v": route(upstream.url, "/v", cache=cache)}})
+    for x_cache in ("MISS", "HIT"):  # the stored entry keeps the label with its bytes
+        r = await client.get("/v/page", auto_decompress=False)
+        assert r.status == 200 and r.headers["X-Cache"] == x_cache
+        assert r.headers["Content-Encoding"] == "x-gzip"
+        assert await r.read() == packed
+    assert upstream.requests == 1
+
+
+async def test_a_decoded_body_goes_on_without_its_content_encoding(
+    upstream: RawUpstream, start_proxy: Any
+) -> None:
+    upstream.default = http(gzip_of(OK_BODY), b"Content-Encoding: gzip")
+    client = await start_proxy({"routes": {"v": route(upstream.url, "/v")}})
+    r = await client.post("/v/search", json={"query": "q"}, auto_decompress=False)
+    assert r.status == 200 and "Content-Encoding" not in r.headers
+    assert await r.read() == OK_BODY
+
+
+@pytest.mark.parametrize("status", [b"304 Not Modified", b"204 No Content"])
+async def test_a_bodiless_answer_declaring_a_large_length_passes(
+    status: bytes, upstream: RawUpstream, start_proxy: Any
+) -> None:
+    # A 304's Content-Length is the size the 200 would have (RFC 9110 8.6): no body follows.
+    upstream.default = b'HTTP/1.1 %s\r\nETag: "v1"\r\nContent-Length: 2000000\r\n\r\n' % status
+    raw = {"routes": {"v": route(upstream.url, "/v", max_response_bytes="1KiB")}}
+    client = await start_proxy(raw)
+    r = await client.get("/v/page", headers={"If-None-Match": '"v1"'})
+    assert r.status == int(status[:3]) and r.headers["ETag"] == '"v1"'
+    assert await r.read() == b""
 
 
 async def test_a_header_with_a_control_character_is_dropped_and_the_answer_passes(
