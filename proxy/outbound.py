@@ -229,7 +229,9 @@ class VendorConnection(ResponseHandler):
     def data_received(self, data: bytes) -> None:
         if self.idle and data:  # (b"": a reader resuming the parser)
             # Bytes nobody asked for: whatever they are, they must never be read as the next
-            # request's answer (it could be another agent's).
+            # request's answer (it could be another agent's). This holds while the connection
+            # sits idle; a stray answer that arrives after it was taken again is, to HTTP/1.1,
+            # the new request's answer, and no client can tell the two apart.
             self.close()
             return
         super().data_received(data)
