@@ -434,8 +434,10 @@ class RateLimit:
             identity = flow.request.headers.get(self.config.client_header)
         if identity is None:
             identity = flow.request.client or "anonymous"
-        # Identity headers may carry credentials: only a digest goes into keys.
-        digest = hashlib.blake2b(identity.encode(), digest_size=8).hexdigest()
+        # Identity headers may carry credentials: only a digest goes into keys. surrogateescape:
+        # a header's bytes that were not UTF-8 count as they came, and never raise.
+        raw = identity.encode("utf-8", "surrogateescape")
+        digest = hashlib.blake2b(raw, digest_size=8).hexdigest()
         return self._client_prefix + digest
 
     async def handle(self, flow: Flow, call_next: Handler) -> Reply:

@@ -88,7 +88,8 @@ def authorize(
     its name rebound to 127.0.0.1 (DNS rebinding) or posting across sites, is Forbidden."""
     if token:
         given = authorization.removeprefix("Bearer ").strip()
-        if not hmac.compare_digest(given.encode(), token.encode()):
+        # surrogateescape: a token sent in bytes that are not UTF-8 is a wrong token, not a 500.
+        if not hmac.compare_digest(given.encode("utf-8", "surrogateescape"), token.encode()):
             raise Unauthorized("admin endpoints need Authorization: Bearer <server.admin_token>")
         return
     if not _is_loopback(remote):

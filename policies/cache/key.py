@@ -280,7 +280,9 @@ def cache_key(
             + [f"client={client}"]
         )
     if cfg.vary:
-        material.append([f"{h.lower()}={v}" for h in cfg.vary for v in headers.getall(h, ())])
+        material.append(
+            [f"{h.lower()}={_as_sent(v)}" for h in cfg.vary for v in headers.getall(h, ())]
+        )
     # orjson escapes control characters, so the NUL cannot occur inside the JSON before it.
     digest = hashlib.sha256(orjson.dumps(material))
     digest.update(b"\x00")
@@ -296,4 +298,17 @@ def _credential_headers(headers: CIMultiDict[str], known: frozenset[str]) -> lis
         if lower in known or is_credential_name(lower):
             found.append((lower, value))
     found.sort(key=itemgetter(0))
-    return [f"{name}={value}" for name, value in found]
+    return [f"{name}={_as_sent(value)}" for name, value in found]
+
+
+def _as_sent(value: str) -> str:
+    """A header value as the key counts it: itself, or, when its bytes were not UTF-8 (read
+    with surrogateescape, which orjson refuses), a NUL and the bytes in hex: a form no value
+    that was UTF-8 takes (a header never holds a NUL), so two callers' values never meet."""
+    if value.isascii():
+        return value
+    try:
+        value.encode()
+    except UnicodeEncodeError:
+        return "\x00" + value.encode("utf-8", "surrogateescape").hex()
+    return value

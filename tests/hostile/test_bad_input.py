@@ -5,6 +5,7 @@ rate) refused by check-config in one run, each line naming its YAML path."""
 
 from __future__ import annotations
 
+import asyncio
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -34,6 +35,17 @@ def proxy(fake: FakeVendor) -> Iterator[ProxyProcess]:
                 f"{url}/tavily", "/tavily", search={"vendor": "tavily"}, cache={"ttl": "1m"}
             ),
             "raw": route(url, "/raw"),
+            "varied": route(f"{url}/tavily", "/varied", cache={"ttl": "1m", "vary": ["X-Tenant"]}),
+            "limited": route(
+                f"{url}/tavily",
+                "/limited",
+                rate_limit={
+                    "rate": "100/s",
+                    "burst": 100,
+                    "key": "client",
+                    "client_header": "X-Agent",
+                },
+            ),
         }
     }
     process = ProxyProcess(config).start()
@@ -86,6 +98,68 @@ async def test_a_credential_with_a_control_character_is_a_400(
     assert "tvly-abc" not in error["message"]
     assert fake.count() == before
     no_failure_logged(proxy)
+
+
+async def exchange(proxy: ProxyProcess, request: bytes) -> tuple[int, dict[str, str]]:
+    """One raw request (bytes an HTTP client library would not send) and its answer's head."""
+    host, port = proxy.url.removeprefix("http://").rsplit(":", 1)
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        writer.write(request)
+        async with asyncio.timeout(5):
+            head = await reader.readuntil(b"\r\n\r\n")
+    finally:
+        writer.close()
+    lines = head.decode("latin-1").split("\r\n")
+    fields = (line.partition(":") for line in lines[1:] if line)
+    return int(lines[0].split()[1]), {k.strip().lower(): v.strip() for k, _, v in fields}
+
+
+def search(*headers: bytes, route: str = "tavily", query: str = "not utf-8") -> bytes:
+    body = b'{"query": "%s"}' % query.encode()
+    lines = [b"POST /%s/search HTTP/1.1" % route.encode(), b"Host: p"]
+    lines += [b"Content-Type: application/json"]
+    lines += [*headers, b"Content-Length: %d" % len(body)]
+    return b"\r\n".join(lines) + b"\r\n\r\n" + body
+
+
+# llhttp and aiohttp take a header's bytes that are not UTF-8 (obs-text), read with
+# surrogateescape; the cache key, the per-client bucket and the admin token check took them.
+NOT_UTF8 = [
+    ("a credential header on a cached route", search(b"Authorization: Bearer \xff")),
+    ("a cookie on a cached route", search(b"Cookie: s=\xe9")),
+    ("a header the cache varies on", search(b"X-Tenant: \xff", route="varied")),
+    ("the header a per-client limit reads", search(b"X-Agent: \xff", route="limited")),
+    (
+        "a credential header on aiohttp's path (chunked)",
+        b"POST /tavily/search HTTP/1.1\r\nHost: p\r\nAuthorization: Bearer \xff\r\n"
+        b"Content-Type: application/json\r\nTransfer-Encoding: chunked\r\n\r\n"
+        b'11\r\n{"query": "utf8"}\r\n0\r\n\r\n',
+    ),
+]
+
+
+@pytest.mark.parametrize("request_bytes", [r for _, r in NOT_UTF8], ids=[n for n, _ in NOT_UTF8])
+async def test_a_header_value_that_is_not_utf8_is_forwarded_not_a_500(
+    proxy: ProxyProcess, request_bytes: bytes
+) -> None:
+    status, _ = await exchange(proxy, request_bytes)
+    assert status == 200
+    no_failure_logged(proxy)
+
+
+async def test_header_values_that_are_not_utf8_key_the_cache_by_their_bytes(
+    proxy: ProxyProcess,
+) -> None:
+    answers = [
+        (await exchange(proxy, search(b"X-Tenant: " + value, route="varied", query="k")))[1][
+            "x-cache"
+        ]
+        for value in (b"\xff", b"\xff", b"\xfe", "\u00ff".encode(), b"\xff")
+    ]
+    # The same bytes share an entry; other bytes, or the UTF-8 of the character U+00FF that
+    # 0xFF is in Latin-1, do not.
+    assert answers == ["MISS", "HIT", "MISS", "MISS", "HIT"]
 
 
 # The report's accepted values, and a few alike: each refused, naming its path.
