@@ -29,6 +29,7 @@ from proxy.guard import cut_reason
 from proxy.metrics import RouteMetrics
 from proxy.pipeline import Route
 from proxy.state import STATE, ProxyState
+from proxy.wire import prepare_stream
 
 log = structlog.get_logger("search_proxy")
 
@@ -313,7 +314,7 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
     response = web.StreamResponse(status=reply.status, headers=headers)
     watch = _AgentWatch(request)
     try:
-        await response.prepare(request)
+        await prepare_stream(response, request)
         sent.response = response
         async for chunk in stream:
             if not whole:

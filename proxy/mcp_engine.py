@@ -34,6 +34,7 @@ from proxy.mcp_tool import (
     tool_definition,
     tool_message,
 )
+from proxy.wire import prepare_stream
 
 log = structlog.get_logger("search_proxy")
 
@@ -284,7 +285,7 @@ async def serve_asgi(
             return
         try:
             if not response.prepared:
-                await response.prepare(request)
+                await prepare_stream(response, request)
             chunk = message.get("body", b"")
             if chunk:
                 await response.write(chunk)
@@ -312,6 +313,6 @@ async def serve_asgi(
     if response is None:
         raise InternalError("the MCP server sent no answer (a bug); send it again", route="mcp")
     if not response.prepared:  # a start without a body message
-        await response.prepare(request)
+        await prepare_stream(response, request)
         await response.write_eof()
     return response

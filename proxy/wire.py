@@ -308,3 +308,13 @@ async def drain_in_time(
         if conn.transport is not None:
             conn.transport.abort()  # close() would wait for the agent to read the buffer
         raise SendTimeout(f"the agent read nothing for {seconds_text(send_timeout)}") from None
+
+
+async def prepare_stream(response: web.StreamResponse, request: web.BaseRequest) -> None:
+    """Prepare a streamed answer. Without a Content-Length, an HTTP/1.0 answer (which has no
+    chunks) ends only when the connection closes: it closes after this one. aiohttp's
+    prepare() writes such a head without keep-alive but leaves the connection open, so the
+    next answer would be read as more of this body."""
+    if request.version < HttpVersion11 and "Content-Length" not in response.headers:
+        response.force_close()
+    await response.prepare(request)

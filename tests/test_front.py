@@ -411,3 +411,22 @@ async def test_a_204_carries_no_content_length(vendor, start_proxy):
     status, _, body = await raw.answer()
     assert status == 200 and echoed(body)["body"] == '{"next": 1}'
     raw.close()
+
+
+@pytest.mark.parametrize("expect", ["", "Expect: 100-continue\r\n"], ids=["front", "aiohttp"])
+async def test_a_streamed_answer_to_http10_ends_by_closing_the_connection(
+    vendor, start_proxy, expect
+):
+    # HTTP/1.0 has no chunks: an answer without a Content-Length ends only when the connection
+    # closes, so it must close, whatever keep-alive the request asked for. A request pipelined
+    # behind it would otherwise have its answer read as more of the stream.
+    client = await start_proxy(one_route(vendor))
+    raw = await Raw.to(client)
+    first = f"GET /v/sse HTTP/1.0\r\nConnection: keep-alive\r\n{expect}\r\n"
+    await raw.send(first.encode() + b"GET /v/echo HTTP/1.0\r\n\r\n")
+    async with asyncio.timeout(OPEN_S):
+        everything = await raw.reader.read(-1)  # until the proxy closes: well before OPEN_S
+    head, _, body = everything.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.0 200") and b"content-length" not in head.lower()
+    assert b"event: message" in body and b"HTTP/1." not in body  # the second request unanswered
+    raw.close()
