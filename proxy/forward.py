@@ -241,7 +241,8 @@ class Upstream:
                 )
                 headers = response_headers(resp.headers, encoded=resp.encoded)
                 # A HEAD's, a 204's or a 304's Content-Length is the size a body would have had.
-                bodiless = request.method == "HEAD" or resp.status in _NO_BODY
+                head_only = request.method == "HEAD"
+                bodiless = head_only or resp.status in _NO_BODY
                 declared = None if bodiless else resp.content_length
                 if declared is not None and declared > self.max_bytes:
                     raise self._too_large(flow, declared)
@@ -255,8 +256,15 @@ class Upstream:
                         return self._streamed(flow, resp, headers, slot)
                     raise over_budget(self.route, flow.attempt, hold)
                 body = await self._read(flow, resp, hold, reserved or RELAY_BYTES)
-                # Dropped (a retried or losing attempt), it gives its bytes back at once.
-                return Reply(resp.status, headers, body, release=giving_back(hold, len(body)))
+                # Dropped (a retried or losing attempt), it gives its bytes back at once. A HEAD's
+                # answer has no body to read: its status is all a classifier can go by.
+                return Reply(
+                    resp.status,
+                    headers,
+                    body,
+                    release=giving_back(hold, len(body)),
+                    outcome=Outcome.of_status(resp.status) if head_only else None,
+                )
         except (AttemptFailed, MemoryBudgetFull):
             if resp is not None:
                 resp.close()

@@ -463,3 +463,21 @@ async def test_a_vendor_message_with_control_bytes_still_gets_an_answer(
     assert r.status == 502
     assert all(" " <= c <= "~" for c in r.reason)
     assert "bad key [31m here" in (await r.json())["error"]["message"]
+
+
+async def test_a_head_request_on_a_search_route_goes_by_its_status(vendor, start_proxy):
+    # A HEAD's answer has no body: read as a search answer, every one was malformed (a 502, a
+    # vendor failure counted by the breaker).
+    serper = route(
+        f"{vendor.url}/serper",
+        "/serper",
+        search={"vendor": "serper"},
+        breaker={"fail_max": 1, "reset_timeout": "1h"},
+        retry={"attempts": 2, "on": ["malformed"], "backoff": {"initial": "1ms", "max": "1ms"}},
+    )
+    client = await start_proxy({"routes": {"serper": serper}})
+    for _ in range(3):
+        r = await client.head("/serper/search", params={"q": "head"})
+        assert r.status == 200 and "X-Proxy-Error" not in r.headers
+        assert r.headers["X-Proxy-Attempts"] == "1"
+    assert vendor.count() == 3  # the breaker stayed closed: each reached the vendor, once
