@@ -169,9 +169,12 @@ def killable_redis() -> Iterator[RedisServer]:
 
 @pytest.fixture
 async def links(redis_server: RedisServer) -> AsyncIterator[tuple[RedisLink, RedisLink]]:
-    """Two links to one Redis, as two replicas of the proxy would have."""
+    """Two links to one Redis, as two replicas of the proxy would have, warmed as the proxy
+    warms its link before serving: a first connect on a machine still busy starting the suite
+    may take longer than the link's 0.1 s timeout, and a test would then run in-process."""
     a = RedisLink(redis_server.url, "test")
     b = RedisLink(redis_server.url, "test")
+    assert await a.warm() and await b.warm()
     yield a, b
     await a.close()
     await b.close()
