@@ -50,8 +50,9 @@ RECLAIM_AFTER = 512  # connections gone since the peak that make a flood worth r
 _SUPPORTED = (HttpVersion10, HttpVersion11)
 _CLAIMED_VERSION = web.RequestKey("search_proxy_claimed_version", str)
 # From the first quoted literal on: aiohttp quotes the bytes it could not parse (a header line,
-# the request line with its query), as b'...' or '...'.
-_QUOTED = re.compile(r"""[\s:]*(?:\bb)?['"].*$""")
+# the request line with its query), as b'...' or '...', at a line's start or after a space, a
+# colon, `=` or `(`: an apostrophe inside a word (llhttp's "can't") starts no literal.
+_QUOTED = re.compile(r"""(?:^|(?<=[\s:=(]))b?['"].*$""")
 
 
 def cut_reason(request: Any) -> str | None:
@@ -65,7 +66,7 @@ def _problem(exc: BaseException | None, message: str | None) -> str:
     it, not into the log (they may hold an Authorization line or a key in the query)."""
     if isinstance(exc, LineTooLong):
         return "a request line or header field is too long"
-    lines = [_QUOTED.sub("", line.strip()).rstrip(":") for line in (message or "").splitlines()]
+    lines = [_QUOTED.sub("", line.strip()).rstrip(": ") for line in (message or "").splitlines()]
     text = ": ".join(line for line in lines if line and not line.startswith("^"))
     return redact_text(text[:200]) or "unparseable request"
 

@@ -112,6 +112,13 @@ def test_aiohttp_parse_errors_lose_the_bytes_they_quote() -> None:
     ):
         problem = _problem(None, message)
         assert "sk-SECRET" not in problem and problem
+    # An apostrophe inside a word starts no quoted literal: llhttp's own words stay whole.
+    message = (
+        "Transfer-Encoding can't be present with Content-Length:\n\n"
+        "  b'Transfer-Encoding: chunked'\n                      ^"
+    )
+    assert _problem(None, message) == "Transfer-Encoding can't be present with Content-Length"
+    assert _problem(None, "Bad status line 'GET /v?k=sk-SECRET'") == "Bad status line"
 
 
 @pytest.mark.parametrize(
