@@ -239,7 +239,7 @@ class Upstream:
                 resp = await self.vendors.send(
                     self.origin, request.method, head, request.body, self.connect
                 )
-                headers = response_headers(resp.headers, encoded=resp.encoded)
+                headers = response_headers(resp.headers)
                 # A HEAD's, a 204's or a 304's Content-Length is the size a body would have had.
                 head_only = request.method == "HEAD"
                 bodiless = head_only or resp.status in _NO_BODY

@@ -17,8 +17,6 @@ from policies.core.route import HOP_BY_HOP, PROXY_OWNED
 _REQUEST_DROP = PROXY_OWNED
 # aiohttp decodes compressed bodies, so the vendor's framing headers no longer describe them.
 _RESPONSE_DROP = HOP_BY_HOP | {"content-length", "content-encoding"}
-# A body aiohttp left as sent (a coding it does not decode) keeps its Content-Encoding.
-_RESPONSE_DROP_ENCODED = _RESPONSE_DROP - {"content-encoding"}
 # What aiohttp's server refuses in a header it writes (HTAB is allowed in field values).
 _CONTROL = re.compile(r"[\x00-\x08\x0a-\x1f\x7f]")
 
@@ -80,13 +78,11 @@ def request_headers(
     return out
 
 
-def response_headers(upstream: MultiMapping[str], *, encoded: bool = False) -> CIMultiDict[str]:
-    """The vendor's headers less hop-by-hop, the framing aiohttp's decoding invalidated (its
-    Content-Encoding kept when the body is `encoded` still: aiohttp did not decode it), and
+def response_headers(upstream: MultiMapping[str]) -> CIMultiDict[str]:
+    """The vendor's headers less hop-by-hop, the framing aiohttp's decoding invalidated, and
     any with a control character (aiohttp reads them, but refuses to write them on)."""
     out = CIMultiDict(upstream)
-    drop = _RESPONSE_DROP_ENCODED if encoded else _RESPONSE_DROP
-    for names in (drop, _connection_listed(upstream)):
+    for names in (_RESPONSE_DROP, _connection_listed(upstream)):
         _drop(out, names)
     if all(k.isprintable() and v.isprintable() for k, v in out.items()):
         return out

@@ -37,9 +37,8 @@ HANDLER_NAMES = (
 SERVER_NAMES = ("_kwargs", "request_handler", "request_factory", "handler_cancellation")
 RUNNER_NAMES = ("_make_server",)
 MODULE_NAMES = ("ERROR",)  # aiohttp.web_protocol.ERROR: its stand-in for an unparsed request
-# What proxy/outbound.py calls on aiohttp's client protocol (ResponseHandler) for each request;
-# `__len__`, the answers parsed and not yet read, bounds a flood of interim answers.
-RESPONSE_NAMES = ("set_response_params", "read", "should_close", "is_connected", "close", "__len__")
+# What proxy/outbound.py calls on aiohttp's client protocol (ResponseHandler) for each request.
+RESPONSE_NAMES = ("set_response_params", "read", "should_close", "is_connected", "close")
 # What proxy/bodies.py reads to know whether aiohttp's server inflated a request body: the
 # parsed message a request keeps, and the compression its parser chose for it.
 REQUEST_NAMES = ("_message",)

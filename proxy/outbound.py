@@ -45,7 +45,8 @@ HAPPY_EYEBALLS_S = 0.25  # an address that has not connected by then gets the ne
 READ_BUFSIZE = 16 * 1024  # the parser's read limit: what of a body is buffered before pausing
 # Interim (1xx) answers read past before the real one: 100 Continue, 103 Early Hints (which a
 # server may send more than once). More is no vendor answering but a peer flooding us: aiohttp
-# parses every head a read holds and queues each until it is read, pausing for bodies only.
+# parses every head a read holds and queues each until it is read (it pauses for bodies only),
+# so `send` refuses the next one and drops the connection with what was queued.
 MAX_INTERIM = 8
 # A request of these methods carries no body unless it has one; any other says Content-Length: 0
 # when empty (as aiohttp did: some servers refuse a POST without a length).
@@ -119,12 +120,6 @@ def request_head(
     return head.encode("utf-8", "surrogateescape")
 
 
-def _coded(headers: CIMultiDictProxy[str]) -> bool:
-    """Whether the answer names a content coding other than identity."""
-    values = headers.getall("Content-Encoding", ())
-    return any(c.strip().lower() not in ("", "identity") for v in values for c in v.split(","))
-
-
 def _not_final(code: int) -> str:
     """Why an answer with status `code` is no answer to the request (RFC 9110 15: a status
     outside 100-599 is invalid; a 101 switches to a protocol the proxy never asked for)."""
@@ -135,13 +130,32 @@ def _not_final(code: int) -> str:
     return f"status {code}, outside 100-599"
 
 
-def _read_transfer_coding(value: str) -> None:
-    """Refuse a Transfer-Encoding other than chunked: aiohttp reads chunked framing and no
-    transfer coding besides (a `gzip, chunked` body would go on still compressed, unlabelled)."""
-    codings = [c.strip().lower() for c in value.split(",")]
-    if any(c not in ("chunked", "identity") for c in codings):
+def _codings(values: list[str]) -> list[str]:
+    """The codings a Transfer-Encoding or Content-Encoding names, every line of it, in order,
+    lower case, identity left out (it changes nothing)."""
+    found = (c.strip().lower() for value in values for c in value.split(","))
+    return [c for c in found if c not in ("", "identity")]
+
+
+def _check_framing(values: list[str]) -> None:
+    """Refuse a transfer coding but chunked: aiohttp reads chunked framing and no coding besides
+    (a `gzip, chunked` body would go on still compressed, and unlabelled)."""
+    if _codings(values) not in ([], ["chunked"]):
+        shown = ", ".join(values)[:60]
         raise HttpProcessingError(
-            message=f"Transfer-Encoding {value[:60]!r}: the proxy reads no coding but chunked"
+            message=f"Transfer-Encoding {shown!r}: the proxy reads no coding but chunked"
+        )
+
+
+def _check_decoded(values: list[str], decoded: str | None) -> None:
+    """Refuse a body aiohttp did not decode whole: a coding it does not read (`x-gzip`,
+    `compress`), or more than one (`gzip` twice; aiohttp decodes the last line's). Passed on
+    labelled, an agent's client would decode what the echo guard could not read for secrets;
+    unlabelled, it would get compressed bytes as JSON. The proxy asks for gzip and deflate."""
+    if _codings(values) not in ([], [decoded]):
+        shown = ", ".join(values)[:60]
+        raise HttpProcessingError(
+            message=f"Content-Encoding {shown!r}: the proxy decodes gzip or deflate, once"
         )
 
 
@@ -150,7 +164,7 @@ class Answer:
     The connection goes back to the pool once the body is read to its end (or `release()` after
     it is), and is closed by `close()` or a `release()` before the end."""
 
-    __slots__ = ("_conn", "content", "encoded", "headers", "method", "status")
+    __slots__ = ("_conn", "content", "headers", "method", "status")
 
     def __init__(
         self,
@@ -164,12 +178,6 @@ class Answer:
         self.headers: CIMultiDictProxy[str] = message.headers
         self.content = content
         self.method = method
-        # A Content-Encoding aiohttp did not decode (`x-gzip`, `gzip, gzip`): the body goes on
-        # as sent, and so must its label.
-        headers = message.headers
-        self.encoded = (
-            "Content-Encoding" in headers and message.compression is None and _coded(headers)
-        )
         if content.is_eof():
             self._done()
         else:
@@ -235,10 +243,6 @@ class VendorConnection(ResponseHandler):
             self.close()
             return
         super().data_received(data)
-        if len(self) > MAX_INTERIM + 1:
-            # More heads parsed than one request can be answered with: read no more. What was
-            # parsed stays queued for `send`, which refuses it; what was not is never read.
-            self.close()
 
     def connection_lost(self, exc: BaseException | None) -> None:
         super().connection_lost(exc)
@@ -320,9 +324,11 @@ class VendorPool:
                 if not 100 <= code <= 199 or code == 101 or interim == MAX_INTERIM:
                     raise HttpProcessingError(message=_not_final(code))
                 interim += 1
-            coding = message.headers.get("Transfer-Encoding")
-            if coding is not None and coding.lower() != "chunked":
-                _read_transfer_coding(coding)
+            headers = message.headers
+            if "Transfer-Encoding" in headers:
+                _check_framing(headers.getall("Transfer-Encoding"))
+            if "Content-Encoding" in headers:
+                _check_decoded(headers.getall("Content-Encoding"), message.compression)
         except BaseException:
             conn.close()
             raise

@@ -14,12 +14,8 @@ from policies.core.flow import Reply
 from policies.core.outcome import Outcome
 
 # Replayed from the vendor's answer. Everything else (Date, Set-Cookie, framing, hop-by-hop,
-# rate-limit counters, request ids) describes the original exchange, not a later replay. An
-# answer keeps a Content-Encoding only when its body is still in that coding (proxy/outbound.py
-# decodes the usual ones): the stored bytes need it as much as the first answer did.
-_REPLAYED_HEADERS = frozenset(
-    {"content-type", "content-language", "content-encoding", "etag", "last-modified"}
-)
+# rate-limit counters, request ids) describes the original exchange, not a later replay.
+_REPLAYED_HEADERS = frozenset({"content-type", "content-language", "etag", "last-modified"})
 _VERSION = 1
 # version, stored_at (wall seconds), status, length of the JSON header list; then the body.
 _HEAD = struct.Struct(">BdHI")

@@ -76,6 +76,19 @@ BROKEN: dict[str, bytes] = {
         % (len(gzip_of(OK_BODY)), gzip_of(OK_BODY))
     ),
     "nine interim answers": EARLY_HINTS * (MAX_INTERIM + 1) + http(),
+    "chunked, then gzip on a second line": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked\r\nTransfer-Encoding: gzip\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n"
+        % (len(gzip_of(OK_BODY)), gzip_of(OK_BODY))
+    ),
+    # A coding aiohttp does not decode: labelled, the agent's client would decode what the echo
+    # guard could not read; unlabelled, it would be compressed bytes sent as JSON.
+    "an x-gzip body": http(gzip_of(OK_BODY), b"Content-Encoding: x-gzip"),
+    "gzip twice, on two lines": http(
+        gzip_of(gzip_of(OK_BODY)), b"Content-Encoding: gzip", b"Content-Encoding: gzip"
+    ),
+    "gzip twice, on one line": http(gzip_of(gzip_of(OK_BODY)), b"Content-Encoding: gzip, gzip"),
 }
 # A body cut short is the connection ending early; everything else is not HTTP at all.
 ERROR_TYPE = dict.fromkeys(BROKEN, "upstream_invalid_response") | {
@@ -236,23 +249,6 @@ async def test_a_flood_of_interim_answers_is_refused_and_no_more_of_it_read(
     await asyncio.wait_for(upstream.hung_up.wait(), 5)
     # What the proxy took before it hung up: one read's worth of heads, and the sockets' buffers.
     assert sent[0] < 16 * MiB
-
-
-async def test_a_body_in_a_coding_aiohttp_does_not_decode_keeps_its_label(
-    upstream: RawUpstream, start_proxy: Any
-) -> None:
-    packed = gzip_of(b"plain text")
-    upstream.default = http(
-        packed, b"Content-Encoding: x-gzip", b"Content-Type: text/plain"
-    ).replace(b"Content-Type: application/json\r\n", b"", 1)
-    cache = {"ttl": "10m", "methods": ["GET"]}
-    client = await start_proxy({"routes": {"v": route(upstream.url, "/v", cache=cache)}})
-    for x_cache in ("MISS", "HIT"):  # the stored entry keeps the label with its bytes
-        r = await client.get("/v/page", auto_decompress=False)
-        assert r.status == 200 and r.headers["X-Cache"] == x_cache
-        assert r.headers["Content-Encoding"] == "x-gzip"
-        assert await r.read() == packed
-    assert upstream.requests == 1
 
 
 async def test_a_decoded_body_goes_on_without_its_content_encoding(
