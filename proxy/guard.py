@@ -22,7 +22,7 @@ from typing import Any, cast
 import structlog
 from aiohttp import web
 from aiohttp.http import HttpVersion10, HttpVersion11, RawRequestMessage
-from aiohttp.http_exceptions import LineTooLong
+from aiohttp.http_exceptions import InvalidURLError, LineTooLong, TransferEncodingError
 from aiohttp.streams import StreamReader
 from aiohttp.web_protocol import ERROR as PARSE_FAILED
 from aiohttp.web_protocol import RequestHandler
@@ -66,6 +66,12 @@ def _problem(exc: BaseException | None, message: str | None) -> str:
     it, not into the log (they may hold an Authorization line or a key in the query)."""
     if isinstance(exc, LineTooLong):
         return "a request line or header field is too long"
+    # Their messages are the agent's bytes themselves, unquoted (the request target; the
+    # pure-Python parser's chunk-size line): said in our words instead.
+    if isinstance(exc, InvalidURLError):
+        return "an invalid request target"
+    if isinstance(exc, TransferEncodingError):
+        return "an invalid chunked body (a chunk's size or framing)"
     lines = [_QUOTED.sub("", line.strip()).rstrip(": ") for line in (message or "").splitlines()]
     text = ": ".join(line for line in lines if line and not line.startswith("^"))
     return redact_text(text[:200]) or "unparseable request"

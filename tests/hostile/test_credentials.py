@@ -36,7 +36,15 @@ QUERY_KEYS = {
     "x-api-key": "qs-SECRET-3",
 }
 AGENT_KEYS = ("hdr-SECRET-bearer", "cookie-SECRET", "body-SECRET", "cred-SECRET")
-MALFORMED_KEYS = ("bad-SECRET-ctl", "bad-SECRET-fold", "bad-SECRET-colon", "bad-SECRET-line")
+MALFORMED_KEYS = (
+    "bad-SECRET-ctl",
+    "bad-SECRET-fold",
+    "bad-SECRET-colon",
+    "bad-SECRET-line",
+    "bad-SECRET-target",
+    "bad-SECRET-connect",
+    "bad-SECRET-chunk",
+)
 SECRETS = (
     ADMIN_TOKEN,
     *SET_KEYS.values(),
@@ -48,12 +56,18 @@ SECRETS = (
 )
 # Request heads aiohttp refuses, each quoting the line it could not parse in its error (the
 # pure-Python parser quotes it whole): a control character in the Authorization value, an
-# obsolete line fold, a header without its colon, a control character in the request line.
+# obsolete line fold, a header without its colon, a control character in the request line;
 MALFORMED = [
     b"POST /v/search HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer bad-SECRET-ctl\x01x\r\n\r\n",
     b"POST /v/search HTTP/1.1\r\nHost: a\r\nAuthorization: Bearer\r\n bad-SECRET-fold\r\n\r\n",
     b"POST /v/search HTTP/1.1\r\nHost: a\r\nAuthorization Bearer bad-SECRET-colon\r\n\r\n",
     b"GET /v/search?api_key=bad-SECRET-line\x01 HTTP/1.1\r\nHost: a\r\n\r\n",
+    # Refused with the agent's bytes as the whole message, unquoted: an absolute-form target
+    # with a port out of range, a CONNECT authority, a chunk-size line (the pure-Python parser).
+    b"GET http://h:99999999/v/bad-SECRET-target HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"CONNECT bad-SECRET-connect:xyz HTTP/1.1\r\nHost: a\r\n\r\n",
+    b"POST /v/search HTTP/1.1\r\nHost: a\r\nTransfer-Encoding: chunked\r\n\r\n"
+    b"bad-SECRET-chunk\r\nxx\r\n0\r\n\r\n",
 ]
 
 
