@@ -137,10 +137,12 @@ def _codings(values: list[str]) -> list[str]:
     return [c for c in found if c not in ("", "identity")]
 
 
-def _check_framing(values: list[str]) -> None:
-    """Refuse a transfer coding but chunked: aiohttp reads chunked framing and no coding besides
-    (a `gzip, chunked` body would go on still compressed, and unlabelled)."""
-    if _codings(values) not in ([], ["chunked"]):
+def _check_framing(values: list[str], chunked: bool) -> None:
+    """Refuse a transfer coding but chunked, and a chunked the parser did not read as the
+    framing: aiohttp reads chunks and no coding besides (a `gzip, chunked` body would go on
+    still compressed, and unlabelled), and takes chunked from the last coding only (in
+    `chunked, identity` it reads to the close, chunk sizes and all)."""
+    if _codings(values) != (["chunked"] if chunked else []):
         shown = ", ".join(values)[:60]
         raise HttpProcessingError(
             message=f"Transfer-Encoding {shown!r}: the proxy reads no coding but chunked"
@@ -326,7 +328,7 @@ class VendorPool:
                 interim += 1
             headers = message.headers
             if "Transfer-Encoding" in headers:
-                _check_framing(headers.getall("Transfer-Encoding"))
+                _check_framing(headers.getall("Transfer-Encoding"), message.chunked)
             if "Content-Encoding" in headers:
                 _check_decoded(headers.getall("Content-Encoding"), message.compression)
         except BaseException:

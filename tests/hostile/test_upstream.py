@@ -82,6 +82,14 @@ BROKEN: dict[str, bytes] = {
         + b"%x\r\n%s\r\n0\r\n\r\n"
         % (len(gzip_of(OK_BODY)), gzip_of(OK_BODY))
     ),
+    # aiohttp takes chunked from the last coding: this body would be read to the close, chunk
+    # sizes and all.
+    "chunked, then identity": (
+        b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n"
+        b"Transfer-Encoding: chunked, identity\r\n\r\n"
+        + b"%x\r\n%s\r\n0\r\n\r\n"
+        % (len(OK_BODY), OK_BODY)
+    ),
     # A coding aiohttp does not decode: labelled, the agent's client would decode what the echo
     # guard could not read; unlabelled, it would be compressed bytes sent as JSON.
     "an x-gzip body": http(gzip_of(OK_BODY), b"Content-Encoding: x-gzip"),
