@@ -68,13 +68,23 @@ def costs(us: dict[str, list[float]]) -> dict[str, list[float]]:
     """Each section's cost per miss, round by round: the every-policy route's microseconds per
     request (or p50) less those of the variant without it."""
     full = us["every policy"]
-    return {name: per_round(full, us[f"without {name}"], lambda a, b: a - b) for name in DROPS}
+    return {name: _less(full, us[f"without {name}"]) for name in DROPS}
 
 
-def _by_cost(by_section: dict[str, list[float]]) -> list[str]:
+def _less(values: list[float], against: list[float]) -> list[float]:
+    """`values` less `against`, round by round."""
+    return per_round(values, against, lambda a, b: a - b)
+
+
+def _by_cost(what: str, values: dict[str, list[float]]) -> list[str]:
+    """The lines giving each section's `what`, the largest first."""
+    by_section = costs(values)
     return [
-        f"  {name:<18} {spread(xs, '{:+.0f}')} us"
-        for name, xs in sorted(by_section.items(), key=lambda kv: -median(kv[1]))
+        f"each section's {what} (every policy less the route without it, per round):",
+        *(
+            f"  {name:<18} {spread(xs, '{:+.0f}')} us"
+            for name, xs in sorted(by_section.items(), key=lambda kv: -median(kv[1]))
+        ),
     ]
 
 
@@ -123,10 +133,9 @@ def throughput_scenario(rps: dict[str, list[float]]) -> Scenario:
             f"{name:<26} {spread(xs, '{:.0f}')} us, {median(rps[name]):,.0f} req/s"
             for name, xs in us.items()
         ),
-        "each section's cost per miss (every policy less the route without it, per round):",
-        *_by_cost(costs(us)),
+        *_by_cost("cost per miss", us),
     ]
-    added = per_round(us["every policy"], bare, lambda a, b: a - b)
+    added = _less(us["every policy"], bare)
     return Scenario(
         "ablation/miss-c32",
         figures=[
@@ -147,20 +156,16 @@ def latency_scenario(p50: dict[str, list[float]], cpu: dict[str, list[float]]) -
             f"{name:<26} p50 {spread(xs, '{:.0f}')} us, CPU {median(cpu[name]):.0f} us/request"
             for name, xs in p50.items()
         ),
-        "each section's added p50 (every policy less the route without it, per round):",
-        *_by_cost(costs(p50)),
+        *_by_cost("added p50", p50),
     ]
-    added = per_round(p50["every policy"], bare, lambda a, b: a - b)
-    cpu_added = per_round(cpu["every policy"], cpu["bare forwarder"], lambda a, b: a - b)
+    added = _less(p50["every policy"], bare)
+    cpu_added = _less(cpu["every policy"], cpu["bare forwarder"])
     return Scenario(
         "ablation/miss-c1",
         figures=[
             Figure("every policy, miss, added p50", f"+{median(added):.0f} us"),
             Figure("its added CPU", f"+{median(cpu_added):.0f} us/request"),
-            Figure(
-                "no policy, added p50",
-                f"{median(per_round(p50['no policy'], bare, lambda a, b: a - b)):+.0f} us",
-            ),
+            Figure("no policy, added p50", f"{median(_less(p50['no policy'], bare)):+.0f} us"),
         ],
         details=details,
     )

@@ -137,27 +137,17 @@ def _codings(values: list[str]) -> list[str]:
     return [c for c in found if c not in ("", "identity")]
 
 
-def _check_framing(values: list[str], chunked: bool) -> None:
-    """Refuse a transfer coding but chunked, and a chunked the parser did not read as the
-    framing: aiohttp reads chunks and no coding besides (a `gzip, chunked` body would go on
-    still compressed, and unlabelled), and takes chunked from the last coding only (in
-    `chunked, identity` it reads to the close, chunk sizes and all)."""
-    if _codings(values) != (["chunked"] if chunked else []):
+def _check_codings(name: str, values: list[str], read: str | None) -> None:
+    """Refuse an answer whose `name` header (every line of it) names codings other than
+    exactly the one aiohttp's parser `read` (None: none). Transfer-Encoding: aiohttp reads
+    chunks and no coding besides (`gzip, chunked` would go on still compressed, unlabelled),
+    and takes chunked from the last coding only (`chunked, identity` is read to the close,
+    chunk sizes and all). Content-Encoding: a coding it does not decode (`x-gzip`) or more
+    than one (`gzip` twice: it decodes one) would go on past the echo guard unread."""
+    if _codings(values) != ([read] if read else []):
         shown = ", ".join(values)[:60]
         raise HttpProcessingError(
-            message=f"Transfer-Encoding {shown!r}: the proxy reads no coding but chunked"
-        )
-
-
-def _check_decoded(values: list[str], decoded: str | None) -> None:
-    """Refuse a body aiohttp did not decode whole: a coding it does not read (`x-gzip`,
-    `compress`), or more than one (`gzip` twice; aiohttp decodes the last line's). Passed on
-    labelled, an agent's client would decode what the echo guard could not read for secrets;
-    unlabelled, it would get compressed bytes as JSON. The proxy asks for gzip and deflate."""
-    if _codings(values) not in ([], [decoded]):
-        shown = ", ".join(values)[:60]
-        raise HttpProcessingError(
-            message=f"Content-Encoding {shown!r}: the proxy decodes gzip or deflate, once"
+            message=f"{name} {shown!r}: the proxy reads chunks, gzip or deflate, each once"
         )
 
 
@@ -328,9 +318,11 @@ class VendorPool:
                 interim += 1
             headers = message.headers
             if "Transfer-Encoding" in headers:
-                _check_framing(headers.getall("Transfer-Encoding"), message.chunked)
+                framing = "chunked" if message.chunked else None
+                _check_codings("Transfer-Encoding", headers.getall("Transfer-Encoding"), framing)
             if "Content-Encoding" in headers:
-                _check_decoded(headers.getall("Content-Encoding"), message.compression)
+                coding = message.compression  # what aiohttp decodes the body from
+                _check_codings("Content-Encoding", headers.getall("Content-Encoding"), coding)
         except BaseException:
             conn.close()
             raise
