@@ -467,6 +467,9 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     )
     await generation.start()
     state.use(generation)
+    # From here on the state holds the serving generation: this frame lives as long as the app,
+    # and keeping the first one here would keep its routes (their caches) past every reload.
+    del generation
     assert state.pulse is not None
     tasks = [asyncio.create_task(state.pulse.run(), name="status-pulse")]
     if state.config_path is not None:

@@ -100,6 +100,7 @@ def build_generation(
     )
     for name, cfg in config.routes.items():
         deps.routes[name] = build_route(cfg, deps)
+    deps.kept.built()
     routes = deps.routes
     quotas = previous.quotas if previous is not None else None
     if quotas is None:

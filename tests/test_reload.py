@@ -5,7 +5,9 @@ a bad config leaves alone, and what needs a restart."""
 from __future__ import annotations
 
 import asyncio
+import gc
 import os
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -127,6 +129,24 @@ async def test_a_changed_breaker_section_starts_afresh_and_the_old_one_stops(
     assert not old._tasks and not old._running  # released: its probe task is gone
     assert 'search_proxy_breaker_state{route="tavily"} 0.0' in await proxy.metrics()
     assert await proxy.search() == 200
+
+
+async def test_a_route_replaced_by_reloads_is_let_go(vendor: Any, serve: Any) -> None:
+    """A long-lived pod reloads often: each generation's replaced routes must become garbage,
+    not stay reachable from the next generation's kept parts (a breaker's probe sender holds
+    its generation). No request runs meanwhile: asyncio keeps a request's context, and so its
+    breaker, in its cancelled timers until they are due (a bounded while, not this leak)."""
+    raw = document(vendor)
+    proxy = await serve(raw)
+    first = weakref.ref(proxy.state.routes["tavily"])
+    for fail_max in (2, 3, 4):  # each a new breaker, so a new route
+        replaced = weakref.ref(proxy.state.routes["tavily"].breaker)
+        raw["routes"]["tavily"]["breaker"] = {**BREAKER, "fail_max": fail_max}
+        proxy.write(raw)
+        assert (await proxy.reload())["routes"]["changed"] == {"tavily": ["breaker"]}
+        gc.collect()
+        assert replaced() is None  # not held by the table the new build reused parts from
+    assert first() is None  # nor by the app's start-up
 
 
 async def test_cache_entries_and_buckets_live_on_until_their_section_changes(

@@ -13,7 +13,8 @@ class Kept:
     """The parts one build of every route made, each with the inputs it was made from (its
     section's config and the route settings it reads). A build handed the previous build's
     Kept (`Kept(previous)`) reuses a part whose inputs compare equal, else makes a new one;
-    `reused` says which, route by route."""
+    `reused` says which, route by route. `built()` ends the build: the previous build's parts
+    are let go, or every generation would hold the one before it, back to the first config."""
 
     def __init__(self, previous: Kept | None = None) -> None:
         self._previous = previous._parts if previous is not None else {}
@@ -32,3 +33,9 @@ class Kept:
             value = make()
         self._parts[key] = (inputs, value)
         return value
+
+    def built(self) -> None:
+        """Every route is built: drop the previous build's table (what was reused is in this
+        build's own). A part holds its generation (a breaker's probe sends through it), so
+        keeping the table kept every past generation's routes alive."""
+        self._previous = {}
