@@ -48,6 +48,19 @@ class _Outcome:
 _FETCH_YOURSELF = _Outcome(cache="miss")
 
 
+@dataclass(eq=False, slots=True)
+class _Lead:
+    """A vendor call in flight for a key. Its followers wait on `future`, made when the first
+    of them comes: most calls have none, and then pay neither the future nor the copy."""
+
+    future: asyncio.Future[_Outcome] | None = None
+
+    def join(self) -> asyncio.Future[_Outcome]:
+        if self.future is None:
+            self.future = asyncio.get_running_loop().create_future()
+        return self.future
+
+
 def _copy(reply: Reply) -> Reply:
     return Reply(reply.status, CIMultiDict(reply.headers), reply.body, provider=reply.provider)
 
@@ -85,7 +98,7 @@ class StaleCache:
         self.storable = storable
         self.known = known  # where this route's requests carry credentials (the key's part)
         self.fetch_lock = FetchLock(store, cfg, clock, poll_interval)
-        self._inflight: dict[str, asyncio.Future[_Outcome]] = {}
+        self._inflight: dict[str, _Lead] = {}
 
     async def clear(self) -> Cleared:
         """Drop this route's entries (admin endpoint)."""
@@ -117,7 +130,7 @@ class StaleCache:
         testing = flow.context.fault_test
         pending = None if testing else self._inflight.get(key)
         if pending is not None:
-            return await self._follow(flow, call_next, pending)
+            return await self._follow(flow, call_next, pending.join())
 
         # The lookup takes the fetch lock too when the entry is missing or not fresh: one
         # round trip to Redis instead of two.
@@ -148,7 +161,7 @@ class StaleCache:
         pending = self._inflight.get(key)
         if pending is not None:
             await self.fetch_lock.release(key, lease)
-            return await self._follow(flow, call_next, pending)
+            return await self._follow(flow, call_next, pending.join())
         return await self._lead(flow, call_next, key, entry, fwd, lease)
 
     def _mark(self, flow: Flow, result: str) -> None:
@@ -190,8 +203,7 @@ class StaleCache:
         fwd: str,
         lease: Lease,
     ) -> Reply:
-        future: asyncio.Future[_Outcome] = asyncio.get_running_loop().create_future()
-        self._inflight[key] = future
+        lead = self._inflight[key] = _Lead()
         outcome = _FETCH_YOURSELF
         try:
             reply = await self._fetch(flow, call_next, key, fallback, fwd, lease)
@@ -201,22 +213,25 @@ class StaleCache:
             outcome = _Outcome(cache=flow.trace.cache or "miss", error=exc)
             raise
         else:
-            if reply.stream is not None:
-                outcome = _Outcome(cache="miss", streamed=True)
-            elif (
-                flow.request.key_body is not None
-                and 400 <= reply.status < 500
-                and reply.status != 429
-            ):
-                # The key leaves part of the request out (an MCP call's session): an answer
-                # about this request itself (404: its session is gone) is not the others'.
-                pass
-            else:
-                outcome = _Outcome(cache=flow.trace.cache or "miss", reply=_copy(reply))
+            # Followers are known by now: none can join once no await is left.
+            if lead.future is not None:
+                outcome = self._handed(flow, reply)
             return reply
         finally:
             del self._inflight[key]
-            future.set_result(outcome)
+            if lead.future is not None:
+                lead.future.set_result(outcome)
+
+    @staticmethod
+    def _handed(flow: Flow, reply: Reply) -> _Outcome:
+        """What the leader's reply gives its followers."""
+        if reply.stream is not None:
+            return _Outcome(cache="miss", streamed=True)
+        if flow.request.key_body is not None and 400 <= reply.status < 500 and reply.status != 429:
+            # The key leaves part of the request out (an MCP call's session): an answer about
+            # this request itself (404: its session is gone) is not the others'.
+            return _FETCH_YOURSELF
+        return _Outcome(cache=flow.trace.cache or "miss", reply=_copy(reply))
 
     async def _fetch(
         self,
