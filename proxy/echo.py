@@ -90,3 +90,46 @@ class EchoGuard:
         if count:
             log.warning("secret_redacted", route=route, where=where, count=count)
         return data
+
+    def stream(self, route: str | None) -> StreamScrub:
+        """A scrubber for one stream's chunks."""
+        return StreamScrub(self, route)
+
+    def unfinished(self, data: bytes) -> int:
+        """How many of `data`'s last bytes begin a held secret (in either form) that the next
+        bytes may finish: the longest such end, 0 when there is none."""
+        longest = 0
+        for form in self.forms:
+            # Where an end of `data` could begin `form`: the first match is the longest.
+            at = data.find(form[:1], max(0, len(data) - len(form) + 1))
+            while at != -1 and len(data) - at > longest:
+                if form.startswith(data[at:]):
+                    longest = len(data) - at
+                    break
+                at = data.find(form[:1], at + 1)
+        return longest
+
+
+class StreamScrub:
+    """Takes held secrets out of a stream whose chunks a secret may span: a chunk's end that
+    begins one is held back, and read again with the next chunk. Only such an end waits
+    (an event's closing blank line never does), so the stream is not slowed."""
+
+    def __init__(self, guard: EchoGuard, route: str | None) -> None:
+        self._guard = guard
+        self._route = route
+        self._held = b""
+
+    def feed(self, chunk: bytes) -> bytes:
+        """What of the stream can go out now that `chunk` came (possibly nothing)."""
+        if not self._guard.forms:
+            return chunk
+        data = self._guard.body(self._held + chunk, self._route, "stream")
+        keep = self._guard.unfinished(data)
+        self._held = data[len(data) - keep :]
+        return data[: len(data) - keep]
+
+    def end(self) -> bytes:
+        """The stream ended: what was held back was no secret after all."""
+        held, self._held = self._held, b""
+        return held

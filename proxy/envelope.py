@@ -311,17 +311,20 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
         reply.stream = _pieces(body)
     stream = reply.stream
     echo.headers(headers, route)
+    # A secret may span two chunks: the scrubber holds back a chunk's end that begins one. Cut
+    # short (StreamCut), the stream drops what it held: the start of a key is no answer.
+    scrub = None if whole else echo.stream(route)
     response = web.StreamResponse(status=reply.status, headers=headers)
     watch = _AgentWatch(request)
     try:
         await prepare_stream(response, request)
         sent.response = response
-        async for chunk in stream:
-            if not whole:
-                chunk = echo.body(chunk, route, "stream")
-            await response.write(chunk)
-            sent.written += len(chunk)
-            sent.ending = (sent.ending + chunk[-4:])[-4:]
+        async for piece in stream:
+            chunk = piece if scrub is None else scrub.feed(piece)
+            if chunk:
+                await _send(response, chunk, sent)
+        if scrub is not None and (held := scrub.end()):
+            await _send(response, held, sent)
         sent.complete = True
         watch.stop()
         await response.write_eof()
@@ -333,6 +336,12 @@ async def answer(request: web.Request, reply: Reply, ex: Exchange) -> web.Stream
         watch.stop()
         reply.discard()
     return response
+
+
+async def _send(response: web.StreamResponse, chunk: bytes, sent: Sent) -> None:
+    await response.write(chunk)
+    sent.written += len(chunk)
+    sent.ending = (sent.ending + chunk[-4:])[-4:]
 
 
 async def _pieces(body: bytes) -> AsyncIterator[bytes]:

@@ -14,6 +14,7 @@ import structlog
 
 from policies.core.credentials import is_credential_name
 from proxy.config import ConfigError, parse_config, redacted, secret_values
+from proxy.echo import EchoGuard
 from proxy.guard import _problem
 from proxy.logs import Redactor, redact_value
 from proxy.redact import REDACTED, redact_bytes, redact_query, redact_text, redact_url
@@ -247,3 +248,25 @@ def test_a_config_error_never_quotes_a_secret() -> None:
         parse_config({"server": {"admin_token": 9876543210123456}, "routes": {}}, {})
     assert "9876543210123456" not in str(info.value)
     assert "server.admin_token: expected a non-empty string" in str(info.value)
+
+
+STREAM_KEY = 'sk-"stream"-0123456789'  # a quote: its JSON-string form differs from it
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 7, 64])
+def test_a_stream_scrubbed_in_chunks_of_any_size_loses_every_held_secret(size: int) -> None:
+    said = f"a: {STREAM_KEY}; b: {json.dumps(STREAM_KEY)[1:-1]}; s-end: s"
+    body = f"data: {said}\n\n".encode()
+    scrub = EchoGuard([STREAM_KEY]).stream("r")
+    out = [scrub.feed(body[i : i + size]) for i in range(0, len(body), size)]
+    out.append(scrub.end())
+    assert b"".join(out) == b"data: a: <redacted>; b: <redacted>; s-end: s\n\n"
+
+
+def test_a_stream_chunk_is_held_back_only_where_it_may_begin_a_secret() -> None:
+    scrub = EchoGuard([STREAM_KEY]).stream("r")
+    event = b"event: message\ndata: {}\n\n"
+    assert scrub.feed(event) == event  # an event's end never waits for the next chunk
+    assert scrub.feed(b'x sk-"str') == b"x "  # the start of the key waits ...
+    assert scrub.feed(b"ange") == b'sk-"strange'  # ... and goes on once it is no key
+    assert scrub.feed(b"sk") == b"" and scrub.end() == b"sk"  # the stream's end lets it go

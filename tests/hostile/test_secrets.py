@@ -132,6 +132,20 @@ async def test_a_vendor_echoing_the_key_in_a_stream_hands_it_to_no_agent(
     )
 
 
+async def test_a_key_echoed_across_two_chunks_of_a_stream_reaches_no_agent(
+    proxy: ProxyProcess, fake: FakeVendor
+) -> None:
+    # Each echo is cut in two chunks written 50 ms apart, so the proxy reads them apart.
+    url = f"{proxy.url}/echo/stream?chunks=3&echo=X-Api-Key&split=1&pause_ms=50"
+    async with aiohttp.ClientSession() as http, http.get(url) as r:
+        assert r.status == 200
+        pieces = [piece async for piece in r.content.iter_any()]
+    data = b"".join(pieces)
+    assert ECHO_KEY.encode() not in data and ECHO_KEY[:12].encode() not in data
+    assert data == b"".join(f"chunk-{i} <redacted>\n".encode() for i in range(3))
+    assert len(pieces) > 1  # still a stream: each line went out as it came
+
+
 async def test_oauth_shaped_query_parameters_are_redacted_in_the_log(
     proxy: ProxyProcess, fake: FakeVendor
 ) -> None:

@@ -420,8 +420,10 @@ class FakeVendor(Modes, StreamGate):
         pieces: list[bytes],
         headers: dict[str, str],
         status: int = 200,
+        pause: float = 0.0,
     ) -> web.StreamResponse:
-        """Write ``pieces`` one by one through the gate, flushing each."""
+        """Write ``pieces`` one by one through the gate, flushing each (`pause` seconds
+        apart, so each reaches the reader in a read of its own)."""
         compressor = zlib.compressobj(wbits=31) if fault.kind == "gzip" else None
         if compressor is not None:
             headers = headers | {"Content-Encoding": "gzip"}
@@ -429,6 +431,8 @@ class FakeVendor(Modes, StreamGate):
         resp.enable_chunked_encoding()
         await resp.prepare(request)
         for i, piece in enumerate(pieces):
+            if pause and i:
+                await asyncio.sleep(pause)
             if not await self._gate(request.app):
                 _abort(request)
                 return resp
@@ -461,8 +465,12 @@ class FakeVendor(Modes, StreamGate):
         if echoed:  # a vendor echoing what it was sent (its key) in every chunk
             said = request.headers.get(echoed, "").encode()
             pieces = [piece[:-1] + b" " + said + b"\n" for piece in pieces]
+            if request.query.get("split"):  # each echo cut in two chunks, written apart
+                cut = len(said) // 2 + 2  # past the chunk's last byte before it, the space
+                pieces = [part for p in pieces for part in (p[:-cut], p[-cut:])]
+        pause = (int_or_none(request.query.get("pause_ms")) or 0) / 1000
         headers = {"Content-Type": "application/octet-stream"}
-        return await self._stream_out(request, rec, fault, pieces, headers)
+        return await self._stream_out(request, rec, fault, pieces, headers, pause=pause)
 
     async def _sse(self, request: web.Request) -> web.StreamResponse:
         rec = self._record(request, await request.read(), "sse")
