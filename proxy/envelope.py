@@ -21,6 +21,7 @@ from aiohttp.typedefs import Handler
 
 from policies.core.errors import ProxyError, StreamCut
 from policies.core.flow import Flow, Reply
+from policies.profiles import reading
 from proxy import access
 from proxy.dialects import error_response
 from proxy.echo import EchoGuard
@@ -194,6 +195,7 @@ def _withhold(echo: EchoGuard, response: web.Response, route: str | None) -> Non
 
 def _done(request: web.Request, ex: Exchange, response: web.StreamResponse | None) -> None:
     """One metrics update and one access-log line for the finished exchange."""
+    reading.forget()  # the parse its policies shared (an answer's may be large) goes with it
     state = request.app[STATE]
     elapsed = state.clock.now() - ex.started
     flow = ex.flow

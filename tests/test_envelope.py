@@ -8,6 +8,7 @@ from typing import Any
 
 import structlog
 
+from policies.profiles import reading
 from testkit.fakevendor import FakeVendor
 from tests.conftest import route
 
@@ -50,3 +51,18 @@ async def test_routes_search_and_mcp_are_each_counted_and_logged(
     assert lines[2]["error"] == "method_not_allowed"
     assert lines[3]["rpc"] == "ping"
     assert all(e["request_id"] and e["duration_ms"] >= 0 for e in lines)
+
+
+async def test_the_parse_a_requests_policies_shared_ends_with_it(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    """The guard, the classifier and the cache share one parse of the body and of the answer
+    (policies/profiles/reading.py). A vendor's answer of many small results parses to many
+    times its size, outside the memory budget: it must not stay once the request is done."""
+    client = await start_proxy(
+        {"routes": {"tavily": route(vendor.url, "/tavily", search={"vendor": "tavily"})}}
+    )
+    for path in ("/tavily/search", "/v1/search"):
+        r = await client.post(path, json={"query": "a b"})
+        assert r.status == 200 and (await r.json())["results"]
+        assert reading._last == (b"", reading.NOT_JSON)  # neither its body's nor its answer's

@@ -21,6 +21,14 @@ NOT_A_LIST: Any = object()
 _last: tuple[bytes, Any] = (b"", NOT_JSON)
 
 
+def forget() -> None:
+    """Let the last parse go (a request ended): kept on, a vendor's answer of many small
+    results, which parses to many times its own size, would stay in memory until the next
+    body came, outside the memory budget."""
+    global _last
+    _last = (b"", NOT_JSON)
+
+
 def load_json(body: bytes) -> Any:
     """`body` parsed as JSON, NOT_JSON when it is empty or is not JSON; never raises."""
     global _last
