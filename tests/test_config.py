@@ -19,6 +19,7 @@ from policies.profiles import (
     classify,
     extract_results,
 )
+from policies.profiles.results import MAX_ITEMS_READ
 from proxy import cli
 from proxy.config import (
     REDACTED,
@@ -32,6 +33,7 @@ from proxy.config import (
     parse_size,
     redacted,
 )
+from proxy.search_api import MAX_RESULTS
 from testkit.procs import ROOT
 
 
@@ -233,6 +235,17 @@ def test_profile_results_empty_string_means_the_body_is_the_list() -> None:
     assert classify(profile, 200, j(body)) is Verdict.OK
     assert classify(profile, 200, b"[]") is Verdict.EMPTY
     assert extract_results(profile, body) == [SearchResult("T", "https://x.example/", "S")]
+
+
+def test_a_vendors_huge_result_list_is_read_only_as_far_as_any_search_needs() -> None:
+    profile = profile_of({"query": [{"query": "q"}], "results": ""})
+    body = [{"url": f"https://x.example/{i}", "title": "T"} for i in range(200_000)]
+    found = extract_results(profile, body)
+    assert len(found) == MAX_ITEMS_READ >= 4 * MAX_RESULTS  # room for dedupe and blocking
+    assert (
+        found[0].url == "https://x.example/0"
+        and found[-1].url == f"https://x.example/{MAX_ITEMS_READ - 1}"
+    )
 
 
 def test_profile_from_yaml_with_integer_status_keys(tmp_path) -> None:

@@ -22,13 +22,20 @@ def _first_text(item: Mapping[str, Any], fields: tuple[str, ...]) -> str:
     return ""
 
 
+# The items of a vendor's result list read at most. A search asks for 50 at most, and no vendor
+# sends more than a few hundred; a list of hundreds of thousands (a broken or hostile vendor)
+# would otherwise cost a result object each and hold the event loop for most of a second.
+MAX_ITEMS_READ = 1000
+
+
 def extract_results(profile: VendorProfile, body_json: Any) -> list[SearchResult]:
-    """The vendor's results; items that are not objects or have no URL are skipped."""
+    """The vendor's results, from the first MAX_ITEMS_READ items of its list; items that are
+    not objects or have no URL are skipped."""
     results = find_results(profile, body_json)
     if not isinstance(results, list):
         return []
     out: list[SearchResult] = []
-    for item in results:
+    for item in results[:MAX_ITEMS_READ]:
         if not isinstance(item, dict):
             continue
         url = _first_text(item, profile.url_fields)
