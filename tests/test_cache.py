@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Callable
 from dataclasses import replace
+from typing import Any
 
 import orjson
 import pytest
@@ -17,8 +18,11 @@ from policies.cache import (
     Cleared,
     Directives,
     Entry,
+    Found,
     Freshness,
     KnownCredentials,
+    Lease,
+    LockState,
     MemoryStore,
     StaleCache,
     build_store,
@@ -1023,6 +1027,54 @@ async def test_twenty_concurrent_identical_requests_make_one_vendor_call() -> No
     assert events.coalesced_count == 19
     assert events.results.count("store") == 1 and events.results.count("miss") == 20
     assert (await cache.handle(make_flow(clock), vendor)).headers["X-Cache"] == "HIT"
+
+
+class _LockKeepingStore(MemoryStore):
+    """Keeps locks as the Redis store does. The first lookup is slow and takes the lock; the
+    next one finds none to take (its entry looked fresh and went stale meanwhile). Giving the
+    lock back is a round trip, held open until `unlocked` is set."""
+
+    keeps_locks = True
+
+    def __init__(self, clock: ManualClock) -> None:
+        super().__init__(retain=600, max_entries=100, max_bytes=10**6, clock=clock)
+        self.first_lookup = asyncio.Event()
+        self.unlocking = asyncio.Event()
+        self.unlocked = asyncio.Event()
+        self.lookups = 0
+
+    async def lookup(self, key: str, fresh_after: float, ask: Any = None) -> Found:
+        self.lookups += 1
+        if self.lookups == 1:
+            await self.first_lookup.wait()
+            return Found(None, Lease(LockState.ACQUIRED, "t"))
+        return Found(None)
+
+    async def unlock(self, key: str, token: str) -> None:
+        self.unlocking.set()
+        await self.unlocked.wait()
+
+
+async def test_a_follower_whose_leader_ends_while_it_gives_its_lock_back_gets_the_answer() -> None:
+    """B's lookup took the lock while A went to the vendor without it. B joins A, then gives
+    the lock back; A ends during that round trip. B must still get A's answer (found by the
+    diff review: B joined after the await and waited on a future nobody would resolve)."""
+    clock = ManualClock()
+    store = _LockKeepingStore(clock)
+    cache = StaleCache(ROUTE, CFG, store, clock, None)
+    gate = asyncio.Event()
+    vendor = Vendor(gate=gate)
+    b = asyncio.create_task(cache.handle(make_flow(clock), vendor))  # its lookup is under way
+    await asyncio.sleep(0.01)
+    a = asyncio.create_task(cache.handle(make_flow(clock), vendor))  # A leads
+    await eventually(lambda: vendor.calls == 1)
+    store.first_lookup.set()  # B finds A in flight and gives its lock back
+    await asyncio.wait_for(store.unlocking.wait(), 2)
+    gate.set()
+    assert (await asyncio.wait_for(a, 2)).status == 200
+    store.unlocked.set()
+    reply = await asyncio.wait_for(b, 2)
+    assert reply.status == 200 and reply.body == BODY and vendor.calls == 1
 
 
 async def test_concurrent_requests_share_a_failure_too() -> None:

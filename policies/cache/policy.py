@@ -160,8 +160,9 @@ class StaleCache:
         # The lookup may have yielded to another identical request that is now fetching.
         pending = self._inflight.get(key)
         if pending is not None:
+            future = pending.join()  # before the await: the leader may end meanwhile
             await self.fetch_lock.release(key, lease)
-            return await self._follow(flow, call_next, pending.join())
+            return await self._follow(flow, call_next, future)
         return await self._lead(flow, call_next, key, entry, fwd, lease)
 
     def _mark(self, flow: Flow, result: str) -> None:
