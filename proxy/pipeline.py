@@ -134,9 +134,12 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
     returns the vendor's status, or raises the errors a request's attempt would."""
     upstream = Upstream(cfg, deps.vendors, deps.clock)
     numbers = itertools.count(1)
+    # Not `deps`: a breaker kept by reloads would hold this build's routes (their caches).
+    lookup = deps.serving or deps.routes.get
+    clock = deps.clock
 
     async def send(method: str, target: str, body: bytes) -> int:
-        route = (deps.serving or deps.routes.get)(cfg.name)
+        route = lookup(cfg.name)
         headers: CIMultiDict[str] = CIMultiDict(route.set_headers if route is not None else ())
         if body:
             headers["Content-Type"] = "application/json"
@@ -147,7 +150,7 @@ def _side_request(cfg: RouteConfig, deps: Deps) -> SideRequest:
                 query = "&".join(p for p in (query, urlencode({name: value})) if p)
             else:
                 headers[name] = value
-        now = deps.clock.now()
+        now = clock.now()
         flow = Flow.new(
             route=cfg.name,
             method=method,

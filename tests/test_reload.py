@@ -149,6 +149,28 @@ async def test_a_route_replaced_by_reloads_is_let_go(vendor: Any, serve: Any) ->
     assert first() is None  # nor by the app's start-up
 
 
+async def test_a_breaker_kept_by_reloads_lets_its_first_generation_go(
+    vendor: Any, serve: Any
+) -> None:
+    """A breaker with a probe sends through its route's own upstream. Kept by every reload,
+    it must not keep the generation it was built in (its routes, their cache stores)."""
+    raw = document(vendor)
+    raw["routes"]["tavily"]["breaker"] = {**BREAKER, "probe": {"every": "1s"}}
+    proxy = await serve(raw)
+    breaker = proxy.state.routes["tavily"].breaker
+    first = weakref.ref(proxy.state.routes["tavily"])
+    first_store = weakref.ref(proxy.state.routes["tavily"].cache.store)
+    for ttl in ("11m", "12m"):  # a new cache store each time; the breaker stays
+        raw["routes"]["tavily"]["cache"] = {"ttl": ttl}
+        proxy.write(raw)
+        report = await proxy.reload()
+        assert report["routes"]["changed"] == {"tavily": ["cache"]}
+        assert "breaker" in report["kept"]["tavily"]
+    assert proxy.state.routes["tavily"].breaker is breaker
+    gc.collect()
+    assert first() is None and first_store() is None
+
+
 async def test_cache_entries_and_buckets_live_on_until_their_section_changes(
     vendor: Any, serve: Any
 ) -> None:
