@@ -19,7 +19,7 @@ from policies.profiles import (
     classify,
     extract_results,
 )
-from policies.profiles.results import MAX_ITEMS_READ
+from policies.profiles.reading import MAX_ITEMS_READ
 from proxy import cli
 from proxy.config import (
     REDACTED,

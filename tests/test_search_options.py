@@ -24,6 +24,7 @@ from policies.profiles import (
     with_credential,
 )
 from policies.profiles.details import parse_date
+from policies.profiles.reading import MAX_ITEMS_READ
 from policies.vendors.tavily import TAVILY_COUNTRIES
 from proxy.config import ConfigError, parse_config
 
@@ -379,3 +380,10 @@ def test_details_are_read_per_vendor():
     brave = {"web": {"results": [{"url": "https://d", "age": "2 days ago", "page_age": "junk"}]}}
     assert extract_details(P["brave"], brave, now=NOW)["https://d"].date == "2024-05-08"
     assert extract_details(P["linkup"], {"nope": 1}, now=NOW) == {}
+
+
+def test_details_are_read_only_as_far_as_results_are():
+    huge = {"results": [{"url": f"https://x/{i}", "score": 0.5} for i in range(200_000)]}
+    details = extract_details(P["tavily"], huge, now=NOW)
+    assert len(details) == MAX_ITEMS_READ
+    assert details[f"https://x/{MAX_ITEMS_READ - 1}"].position == MAX_ITEMS_READ

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 from policies.core.profile import VendorProfile
-from policies.profiles.reading import find_results
+from policies.profiles.reading import MAX_ITEMS_READ, find_results
 
 
 @dataclass(frozen=True, slots=True)
@@ -94,14 +94,15 @@ def _url(item: Mapping[str, Any], fields: tuple[str, ...]) -> str:
 def extract_details(
     profile: VendorProfile, body_json: Any, *, now: datetime
 ) -> dict[str, ResultDetails]:
-    """Details of the vendor's results by URL (the first item with a URL wins); items without
-    a URL count for positions but are not listed. `now` anchors relative dates."""
+    """Details of the vendor's results by URL, from the first MAX_ITEMS_READ items (the first
+    item with a URL wins); items without a URL count for positions but are not listed. `now`
+    anchors relative dates."""
     items = find_results(profile, body_json)
     if not isinstance(items, list):
         return {}
     fields = profile.details
     out: dict[str, ResultDetails] = {}
-    for index, item in enumerate(items, start=1):
+    for index, item in enumerate(items[:MAX_ITEMS_READ], start=1):
         if not isinstance(item, dict):
             continue
         url = _url(item, profile.url_fields)

@@ -13,6 +13,12 @@ NOT_JSON: Any = object()
 MISSING: Any = object()
 NOT_A_LIST: Any = object()
 
+# The items of a vendor's result list read at most (its results, their details). A search asks
+# for 50 at most, and no vendor sends more than a few hundred; a list of hundreds of thousands
+# (a broken or hostile vendor) would otherwise cost an object each and hold the event loop for
+# seconds.
+MAX_ITEMS_READ = 1000
+
 
 # The last body parsed and what it parsed to. A request's body is read by several policies in
 # a row (the guard, failover, search recovery, the hedge find its query), and an answer by the

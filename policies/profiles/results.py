@@ -8,7 +8,7 @@ from typing import Any
 from urllib.parse import unquote, urlsplit
 
 from policies.core.profile import SearchResult, VendorProfile
-from policies.profiles.reading import find_results
+from policies.profiles.reading import MAX_ITEMS_READ, find_results
 
 
 def _first_text(item: Mapping[str, Any], fields: tuple[str, ...]) -> str:
@@ -20,12 +20,6 @@ def _first_text(item: Mapping[str, Any], fields: tuple[str, ...]) -> str:
         if isinstance(value, list) and value and all(isinstance(v, str) for v in value):
             return " ".join(value)
     return ""
-
-
-# The items of a vendor's result list read at most. A search asks for 50 at most, and no vendor
-# sends more than a few hundred; a list of hundreds of thousands (a broken or hostile vendor)
-# would otherwise cost a result object each and hold the event loop for most of a second.
-MAX_ITEMS_READ = 1000
 
 
 def extract_results(profile: VendorProfile, body_json: Any) -> list[SearchResult]:
