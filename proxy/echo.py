@@ -96,8 +96,9 @@ class EchoGuard:
         return StreamScrub(self, route)
 
     def unfinished(self, data: bytes) -> int:
-        """How many of `data`'s last bytes begin a held secret (in either form) that the next
-        bytes may finish: the longest such end, 0 when there is none."""
+        """How many of `data`'s last bytes may be the start of a held secret (in either form)
+        that the next bytes finish, a whole shorter secret that a longer one begins with
+        included: the longest such end, 0 when there is none."""
         longest = 0
         for form in self.forms:
             # Where an end of `data` could begin `form`: the first match is the longest.
@@ -108,6 +109,18 @@ class EchoGuard:
                     break
                 at = data.find(form[:1], at + 1)
         return longest
+
+    def clear_cut(self, data: bytes, cut: int) -> int:
+        """`cut`, moved back to the start of every held secret in `data` that it would split."""
+        moved = True
+        while moved and cut > 0:
+            moved = False
+            for form in self.forms:
+                # A secret split by `cut` lies within len(form) - 1 bytes either side of it.
+                at = data.find(form, max(0, cut - len(form) + 1), cut + len(form) - 1)
+                if at != -1 and at < cut:
+                    cut, moved = at, True
+        return cut
 
 
 class StreamScrub:
@@ -121,15 +134,19 @@ class StreamScrub:
         self._held = b""
 
     def feed(self, chunk: bytes) -> bytes:
-        """What of the stream can go out now that `chunk` came (possibly nothing)."""
-        if not self._guard.forms:
+        """What of the stream can go out now that `chunk` came (possibly nothing). What is held
+        back is decided on the bytes as they came, and only what goes out is scrubbed: a secret
+        that is the start of a longer one waits to see which it is."""
+        guard = self._guard
+        if not guard.forms:
             return chunk
-        data = self._guard.body(self._held + chunk, self._route, "stream")
-        keep = self._guard.unfinished(data)
-        self._held = data[len(data) - keep :]
-        return data[: len(data) - keep]
+        data = self._held + chunk
+        cut = guard.clear_cut(data, len(data) - guard.unfinished(data))
+        self._held = data[cut:]
+        return guard.body(data[:cut], self._route, "stream") if cut else b""
 
     def end(self) -> bytes:
-        """The stream ended: what was held back was no secret after all."""
+        """The stream ended: what was held back, scrubbed (it began no secret after all, or is
+        a whole one)."""
         held, self._held = self._held, b""
-        return held
+        return self._guard.body(held, self._route, "stream")

@@ -270,3 +270,24 @@ def test_a_stream_chunk_is_held_back_only_where_it_may_begin_a_secret() -> None:
     assert scrub.feed(b'x sk-"str') == b"x "  # the start of the key waits ...
     assert scrub.feed(b"ange") == b'sk-"strange'  # ... and goes on once it is no key
     assert scrub.feed(b"sk") == b"" and scrub.end() == b"sk"  # the stream's end lets it go
+
+
+@pytest.mark.parametrize(
+    "secrets",
+    [
+        ["aaaabbbb", "aaaabbbbcc"],  # one key the start of another (a pool's two keys)
+        ["keyAB123", "B123xyzzy9"],  # one key's end the start of another
+        ["abababab12"],  # a key overlapping itself
+    ],
+)
+def test_a_stream_cut_anywhere_goes_out_as_the_whole_answer_would(secrets: list[str]) -> None:
+    guard = EchoGuard(secrets)
+    body = ("x " + " ".join(secrets) + " abababab12 keyAB123xyzzy9 aaaabbbbcc y").encode()
+    whole = guard.body(body, "r")
+    assert not any(form in whole for form in guard.forms)
+    for first in range(1, len(body)):
+        for second in range(first, len(body), 3):
+            scrub = guard.stream("r")
+            pieces = (body[:first], body[first:second], body[second:])
+            out = b"".join([*(scrub.feed(p) for p in pieces), scrub.end()])
+            assert out == whole, (first, second)
