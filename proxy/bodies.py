@@ -15,7 +15,7 @@ from aiohttp.web_protocol import RequestPayloadError
 
 from policies.core.errors import BadRequest
 from policies.core.memory import Hold, holding
-from proxy.budget import charge_body
+from proxy.budget import charge_body, charge_parse
 from proxy.errors import PayloadTooLarge
 
 # No search, fetch or MCP request nests anywhere near this; an SDK's json.loads fails at ~1000.
@@ -79,6 +79,7 @@ async def read_body(request: web.Request, limit: int, where: str = "request") ->
             raise _unreadable(request, where, exc) from None
     if body.lstrip()[:1] in (b"{", b"[") and nested_deeper(body):
         raise too_deep(where)
+    charge_parse(hold, body, where)
     return body
 
 

@@ -11,8 +11,9 @@ from collections.abc import Callable
 import structlog
 
 from policies.core.errors import MemoryBudgetFull
-from policies.core.memory import Hold, MemoryBudget
+from policies.core.memory import Hold, MemoryBudget, parse_cost
 from proxy.capacity import RECLAIMER
+from proxy.errors import PayloadTooLarge
 
 log = structlog.get_logger("search_proxy")
 
@@ -45,3 +46,19 @@ def charge_body(hold: Hold | None, size: int, where: str) -> None:
     """Count an agent's request body of `size` bytes; MemoryBudgetFull past the budget."""
     if hold is not None and not hold.take(size):
         raise over_budget(where, 0, hold)
+
+
+def charge_parse(hold: Hold | None, body: bytes, where: str) -> None:
+    """Count what an agent's large JSON body will take once parsed, beyond its bytes (counted
+    already): PayloadTooLarge past the whole budget, MemoryBudgetFull past what is free now."""
+    cost = parse_cost(body) if hold is not None else 0
+    if not cost or hold is None or hold.take(cost):
+        return
+    need = len(body) + cost
+    if need > hold.budget.limit:
+        raise PayloadTooLarge(
+            f"{where}: the JSON body of {len(body)} bytes would take some {need} bytes of memory "
+            "once read (it holds many small values), more than the memory budget of "
+            f"{hold.budget.limit} bytes (server.max_buffered_bytes); send a smaller body"
+        )
+    raise over_budget(where, 0, hold)

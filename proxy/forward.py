@@ -38,7 +38,7 @@ from policies.core.errors import (
     seconds_text,
 )
 from policies.core.flow import Flow, Reply
-from policies.core.memory import Hold, holding
+from policies.core.memory import Hold, holding, parse_cost
 from policies.core.outcome import Outcome
 from proxy.budget import giving_back, over_budget
 from proxy.config import RouteConfig
@@ -256,13 +256,14 @@ class Upstream:
                         return self._streamed(flow, resp, headers, slot)
                     raise over_budget(self.route, flow.attempt, hold)
                 body = await self._read(flow, resp, hold, reserved or RELAY_BYTES)
+                held = len(body) + self._charge_parse(flow, body, hold)
                 # Dropped (a retried or losing attempt), it gives its bytes back at once. A HEAD's
                 # answer has no body to read: its status is all a classifier can go by.
                 return Reply(
                     resp.status,
                     headers,
                     body,
-                    release=giving_back(hold, len(body)),
+                    release=giving_back(hold, held),
                     outcome=Outcome.of_status(resp.status) if head_only else None,
                 )
         except (AttemptFailed, MemoryBudgetFull):
@@ -383,6 +384,27 @@ class Upstream:
         if hold is not None and held > len(body):
             hold.give(held - len(body))  # less came than was set aside for it
         return bytes(body)
+
+    def _charge_parse(self, flow: Flow, body: bytes, hold: Hold | None) -> int:
+        """Charge `hold` what a large JSON answer will take once the policies parse it, beyond
+        its bytes (held already), and return it. Past the whole budget it is too large to read
+        (never retried: it would be the same answer); past what is free now, a MemoryBudgetFull."""
+        cost = parse_cost(body) if hold is not None else 0
+        if not cost or hold is None or hold.take(cost):
+            return cost
+        hold.give(len(body))
+        need = len(body) + cost
+        if need <= hold.budget.limit:
+            raise over_budget(self.route, flow.attempt, hold)
+        raise UpstreamTooLarge(
+            f"{self.route}: the upstream's answer of {len(body)} bytes would take some {need} "
+            f"bytes of memory once read (it holds many small values), more than the memory "
+            f"budget of {hold.budget.limit} bytes (server.max_buffered_bytes); it is not "
+            "retried; ask for fewer results, or raise server.max_buffered_bytes",
+            route=self.route,
+            attempts=flow.attempt,
+            reason="answered a body too costly to read",
+        )
 
     def _streamed(
         self,

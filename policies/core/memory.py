@@ -2,12 +2,42 @@
 agents' request bodies, vendors' buffered answers (counted as they are decompressed), until each
 answer has been written to its agent. A request holds its share in a `Hold`, found through the
 context its task runs in, so every flow it starts (retries, hedges, batches) charges the same.
+A large JSON body is charged what it will cost once parsed too (`parse_cost`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from contextvars import ContextVar
+
+# Below this size a body's parse costs at most a couple of MB: not worth counting.
+PARSE_COUNTED_FROM = 64 * 1024
+# What parsing adds per mark in the text, from sizes in CPython 3.11 measured with tracemalloc
+# (tests/hostile/test_memory.py): an object or array ("{", "[": an empty one with its GC
+# header), more for an object with keys ('{"': a dict of up to five), a string (its two quotes:
+# the str object, its characters being counted as the body's bytes; an escaped quote is text),
+# a key's colon, and each comma (a slot, and the number it may end: arrays of numbers are
+# counted so). Commas, colons and braces in text count the same: prose such as results' content
+# is counted at up to its own size again.
+_COST_PER = (
+    (b"{", 72),
+    (b'{"', 128),
+    (b"[", 72),
+    (b'"', 32),
+    (b'\\"', -32),
+    (b":", 24),
+    (b",", 32),
+)
+
+
+def parse_cost(body: bytes) -> int:
+    """What the objects of JSON `body` will take once parsed beyond its own bytes, estimated
+    from the marks in its text (over, never far under); 0 when it is small or does not begin as
+    JSON. A vendor's answer of 7 MB of tiny results parses to some 170 MB: charged only by its
+    bytes, a few such answers at once would pass any container's memory limit."""
+    if len(body) < PARSE_COUNTED_FROM or body.lstrip()[:1] not in (b"{", b"["):
+        return 0
+    return sum(body.count(mark) * cost for mark, cost in _COST_PER)
 
 
 class MemoryBudget:

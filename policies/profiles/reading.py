@@ -42,6 +42,7 @@ def load_json(body: bytes) -> Any:
         return _last[1]
     if not body or not body.strip():
         return NOT_JSON
+    _last = (b"", NOT_JSON)  # the last parse goes first: two large ones are never held at once
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError:  # also past its nesting limit, or not UTF-8

@@ -11,13 +11,16 @@ import gzip
 import http.server
 import socket
 import threading
+import tracemalloc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
 from typing import Any
 
 import aiohttp
+import orjson
 import pytest
 
+from policies.core.memory import PARSE_COUNTED_FROM, parse_cost
 from testkit.proxyprocess import ProxyProcess
 from testkit.waiting import eventually
 from tests.conftest import route
@@ -41,7 +44,9 @@ class RawAnswers(http.server.BaseHTTPRequestHandler):
         kind, size = self.path.strip("/").split("/")
         n = int(size)
         body = b'{"results": [], "pad": "' + b"x" * (n - 27) + b'"}'
-        if kind == "bin":
+        if kind == "tiny":  # N bytes of tiny results: parsed, some 25 times as much
+            self._send(tiny_results(n), "text/plain")  # what it says it is changes nothing
+        elif kind == "bin":
             self._send(b"\0" * n, "application/octet-stream")
         elif kind == "json":
             self._send(body, "application/json")
@@ -67,6 +72,11 @@ class RawAnswers(http.server.BaseHTTPRequestHandler):
 
     def log_message(self, *args: Any) -> None:
         return
+
+
+def tiny_results(n: int) -> bytes:
+    """A search answer of about `n` bytes whose results are as small as JSON objects get."""
+    return b'{"results":[' + b",".join([b'{"a":1}'] * (n // 8)) + b"]}"
 
 
 @pytest.fixture(scope="module")
@@ -122,6 +132,84 @@ async def test_an_answer_nothing_reads_is_passed_through_instead(proxy: ProxyPro
     assert status == 200 and len(body) == BIG
 
 
+def parsed_size(body: bytes) -> int:
+    """The bytes `orjson.loads(body)` allocates and keeps, as tracemalloc counts them."""
+    tracemalloc.start()
+    try:
+        data = orjson.loads(body)
+        size = tracemalloc.get_traced_memory()[0]
+    finally:
+        tracemalloc.stop()
+    del data
+    return size
+
+
+def items(item: bytes, n: int) -> bytes:
+    return b"[" + b",".join([item] * n) + b"]"
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        tiny_results(MIB),
+        items(b"{}", 300_000),
+        items(b"[]", 300_000),
+        items(b'{"a":"1","b":"2","c":"3","d":"4","e":"5","f":"6","g":"7"}', 20_000),
+        items(b'{ "a": 1 }', 100_000),  # spaced: no '{"' to count
+        items(b"[[1]]", 200_000),
+        items(b'"a"', 300_000),
+        items(b"1.5", 300_000),
+        items(b"1000", 300_000),
+        b"{" + b",".join(b'"k%d":0' % i for i in range(100_000)) + b"}",
+    ],
+    ids=lambda body: body[:20].decode(),
+)
+def test_a_json_bodys_parse_cost_is_never_far_under_what_it_takes(body: bytes) -> None:
+    assert len(body) >= PARSE_COUNTED_FROM
+    assert len(body) + parse_cost(body) >= 0.85 * parsed_size(body)
+
+
+def test_text_is_not_counted_as_much_more_than_its_size() -> None:
+    prose = (
+        "The proxy retries a vendor's 429 and 5xx answers, honours Retry-After, and falls "
+        'back to another vendor: "search" results come back in the agent\'s own shape. '
+    ) * 20
+    answer = orjson.dumps(
+        {"results": [{"url": f"https://e.com/{i}", "content": prose} for i in range(100)]}
+    )
+    assert len(answer) >= PARSE_COUNTED_FROM
+    assert parse_cost(answer) <= len(answer)  # a comma every 40 characters: 0.73 x
+    assert parse_cost(b" " + answer[: PARSE_COUNTED_FROM - 2]) == 0  # too small to count
+    assert parse_cost(b"x" * PARSE_COUNTED_FROM + answer) == 0  # not JSON
+
+
+async def test_an_answer_too_costly_to_parse_is_refused_before_it_is_parsed(
+    proxy: ProxyProcess,
+) -> None:
+    # 2 MiB of tiny results parse to some 50 MiB, past the whole budget of 16 MiB: refused for
+    # what reading it would cost, whatever its content type says, and not retried.
+    status, headers, body = await get(proxy, f"/raw/tiny/{2 * MIB}")
+    assert status == 502 and headers["X-Proxy-Error"] == "upstream_too_large"
+    assert b"server.max_buffered_bytes" in body and b"many small values" in body
+    assert await gauge(proxy, "search_proxy_buffered_bytes") == 0
+    # 256 KiB of them (some 8 MiB parsed) fit and are served whole.
+    status, _, body = await get(proxy, f"/raw/tiny/{256 * 1024}")
+    assert status == 200 and body == tiny_results(256 * 1024)
+    assert await gauge(proxy, "search_proxy_buffered_bytes") == 0
+
+
+async def test_a_request_body_too_costly_to_parse_is_refused(proxy: ProxyProcess) -> None:
+    tiny = b"[" + b",".join([b"{}"] * (MIB // 3)) + b"]"  # 1 MiB, some 30 MiB parsed
+    async with aiohttp.ClientSession() as http:
+        async with http.post(f"{proxy.url}/raw/fast", data=tiny) as r:
+            assert r.status == 413 and r.headers["X-Proxy-Error"] == "body_too_large"
+            assert b"server.max_buffered_bytes" in await r.read()
+        small = b"[" + b",".join([b"{}"] * 10_000) + b"]"  # 30 KB: its parse is not counted
+        async with http.post(f"{proxy.url}/raw/fast", data=small) as r:
+            assert r.status == 200
+    assert await gauge(proxy, "search_proxy_buffered_bytes") == 0
+
+
 def slow_reader(proxy: ProxyProcess, path: str) -> socket.socket:
     """A connection asking for `path` and never reading its answer."""
     sock = socket.socket()
@@ -143,6 +231,8 @@ async def test_slow_readers_hold_their_share_until_written_then_give_it_back(
 
         await eventually(held, 5.0, 0.05)
         assert refused(await get(proxy, f"/raw/json/{PART}"))
+        # An answer of some 6 MiB once parsed finds no room either, though its bytes would fit.
+        assert refused(await get(proxy, f"/raw/tiny/{160 * 1024}"))
     finally:
         for sock in readers:
             sock.close()
