@@ -12,6 +12,7 @@ from multidict import CIMultiDict
 
 from policies.core.flow import Reply
 from policies.core.outcome import Outcome
+from policies.profiles.reading import NOT_JSON, load_json
 
 # Replayed from the vendor's answer. Everything else (Date, Set-Cookie, framing, hop-by-hop,
 # rate-limit counters, request ids) describes the original exchange, not a later replay.
@@ -104,15 +105,13 @@ def opens_session(reply: Reply) -> bool:
 
 
 def default_storable(reply: Reply) -> bool:
-    """A 2xx reply whose body parses when its content type says JSON."""
+    """A 2xx reply whose body parses when its content type says JSON (the parse the policies
+    before the cache made of it, when they did)."""
     if not 200 <= reply.status < 300:
         return False
     media = reply.headers.get("Content-Type", "").partition(";")[0].strip().lower()
     if media == "application/json" or media.endswith("+json"):
-        try:
-            orjson.loads(reply.body)
-        except orjson.JSONDecodeError:
-            return False
+        return load_json(reply.body) is not NOT_JSON
     return True
 
 
