@@ -23,6 +23,7 @@ from policies import faults
 from policies.backoff import attempt_timeout
 from policies.core.clock import Clock
 from policies.core.errors import (
+    AnswerTooCostly,
     AttemptFailed,
     BadRequest,
     DeadlineExceeded,
@@ -387,8 +388,8 @@ class Upstream:
 
     def _charge_parse(self, flow: Flow, body: bytes, hold: Hold | None) -> int:
         """Charge `hold` what a large JSON answer will take once the policies parse it, beyond
-        its bytes (held already), and return it. Past the whole budget it is too large to read
-        (never retried: it would be the same answer); past what is free now, a MemoryBudgetFull."""
+        its bytes (held already), and return it: past the whole budget an AnswerTooCostly, past
+        what is free now a MemoryBudgetFull."""
         cost = parse_cost(body) if hold is not None else 0
         if not cost or hold is None or hold.take(cost):
             return cost
@@ -396,14 +397,14 @@ class Upstream:
         need = len(body) + cost
         if need <= hold.budget.limit:
             raise over_budget(self.route, flow.attempt, hold)
-        raise UpstreamTooLarge(
+        raise AnswerTooCostly(
             f"{self.route}: the upstream's answer of {len(body)} bytes would take some {need} "
             f"bytes of memory once read (it holds many small values), more than the memory "
             f"budget of {hold.budget.limit} bytes (server.max_buffered_bytes); it is not "
-            "retried; ask for fewer results, or raise server.max_buffered_bytes",
+            "retried; ask for less (fewer results, shorter content), or raise "
+            "server.max_buffered_bytes",
             route=self.route,
             attempts=flow.attempt,
-            reason="answered a body too costly to read",
         )
 
     def _streamed(

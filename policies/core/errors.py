@@ -169,6 +169,16 @@ class MemoryBudgetFull(LocalRefusal):
     summary = "memory budget full"
 
 
+class AnswerTooCostly(LocalRefusal):
+    """A vendor's answer whose parse alone would pass server.max_buffered_bytes, so it is not
+    read: our own limit, not the vendor's fault (the breaker ignores it, a stale entry may stand
+    in), and no retry, which would get the same answer."""
+
+    status = 502
+    type = "upstream_too_large"
+    summary = "answered a body too costly to read"
+
+
 class CircuitOpen(LocalRefusal):
     status = 503
     type = "circuit_open"

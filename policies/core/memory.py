@@ -13,20 +13,22 @@ from contextvars import ContextVar
 # Below this size a body's parse costs at most a couple of MB: not worth counting.
 PARSE_COUNTED_FROM = 64 * 1024
 # What parsing adds per mark in the text, from sizes in CPython 3.11 measured with tracemalloc
-# (tests/hostile/test_memory.py): an object or array ("{", "[": an empty one with its GC
-# header), more for an object with keys ('{"': a dict of up to five), a string (its two quotes:
-# the str object, its characters being counted as the body's bytes; an escaped quote is text),
-# a key's colon, and each comma (a slot, and the number it may end: arrays of numbers are
-# counted so). Commas, colons and braces in text count the same: prose such as results' content
-# is counted at up to its own size again.
-_COST_PER = (
-    (b"{", 72),
-    (b'{"', 128),
-    (b"[", 72),
-    (b'"', 32),
-    (b'\\"', -32),
-    (b":", 24),
-    (b",", 32),
+# (tests/hostile/test_memory.py): a string (32 a quote, one not escaped: the str object, its
+# characters being counted as the body's bytes) and an object with keys (128 more a '{"',
+# which text cannot hold unescaped: a dict of up to five). Then marks that text may hold too:
+# any object or array ("{", "[": an empty one with its GC header), a key's colon, and each
+# comma (a slot, and the number it may end: arrays of numbers are counted so).
+_LOOSE_MARKS = ((b"{", 72), (b"[", 72), (b":", 24), (b",", 32))
+# Text is read string by string to leave its marks out only when it has few quotes (escaped
+# ones included, each a step of the walk): many strings with dense marks look like the answers
+# this guards against, and are charged as read.
+_STRINGS_WALKED = 20_000
+# A string's characters take 1 byte each in CPython when all are below U+0100, 2 when one is
+# below U+10000, 4 when one is above: a body with such characters may parse to 2 or 4 times its
+# size. UTF-8 begins a character above U+FFFF with F0-F4; an escape, with a surrogate.
+_ASTRAL_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
+_SURROGATES = tuple(
+    b"\\u" + d + h for d in (b"d", b"D") for h in (b"8", b"9", b"a", b"b", b"A", b"B")
 )
 
 
@@ -34,10 +36,54 @@ def parse_cost(body: bytes) -> int:
     """What the objects of JSON `body` will take once parsed beyond its own bytes, estimated
     from the marks in its text (over, never far under); 0 when it is small or does not begin as
     JSON. A vendor's answer of 7 MB of tiny results parses to some 170 MB: charged only by its
-    bytes, a few such answers at once would pass any container's memory limit."""
+    bytes, a few such answers at once would pass any container's memory limit. Some 5 ms a
+    MiB."""
     if len(body) < PARSE_COUNTED_FROM or body.lstrip()[:1] not in (b"{", b"["):
         return 0
-    return sum(body.count(mark) * cost for mark, cost in _COST_PER)
+    quotes = body.count(b'"')
+    cost = (quotes - body.count(b'\\"')) * 32 + body.count(b'{"') * 128
+    loose = sum(body.count(mark) * each for mark, each in _LOOSE_MARKS)
+    if loose > len(body) and quotes <= 2 * _STRINGS_WALKED:
+        loose = _outside_strings(body)  # prose or data in a few long strings: not structure
+    return cost + loose + _width_cost(body)
+
+
+def _outside_strings(body: bytes) -> int:
+    """The cost of `body`'s loose marks that are not inside its strings."""
+    cost = at = 0
+    while True:
+        opening = body.find(b'"', at)
+        end = len(body) if opening < 0 else opening
+        cost += sum(body.count(mark, at, end) * each for mark, each in _LOOSE_MARKS)
+        if opening < 0:
+            return cost
+        closing = body.find(b'"', opening + 1)
+        while closing > 0 and _escaped(body, closing):
+            closing = body.find(b'"', closing + 1)
+        if closing < 0:
+            return cost  # not JSON: its parse fails at once
+        at = closing + 1
+
+
+def _escaped(body: bytes, quote: int) -> bool:
+    """Whether the quote at `quote` follows an odd run of backslashes."""
+    start = quote
+    while start > 0 and body[start - 1] == 0x5C:
+        start -= 1
+    return (quote - start) % 2 == 1
+
+
+def _width_cost(body: bytes) -> int:
+    """What wide characters may add to the strings of `body`, beyond a byte each (a Latin-1
+    character outside ASCII is counted as wide)."""
+    if body.isascii():
+        escapes = body.count(b"\\u")
+        if not escapes:
+            return 0
+        if any(escape in body for escape in _SURROGATES):
+            return 3 * len(body)
+        return len(body) if escapes > body.count(b"\\u00") else 0
+    return 3 * len(body) if any(lead in body for lead in _ASTRAL_LEADS) else len(body)
 
 
 class MemoryBudget:

@@ -93,7 +93,10 @@ def proxy(upstream: str) -> Iterator[ProxyProcess]:
     timeouts = {"connect": "1s", "per_try": "10s", "total": "20s"}
     config = {
         "server": {"max_buffered_bytes": BUDGET, "max_body_bytes": "12MiB"},
-        "routes": {"raw": route(upstream, "/raw", timeouts=timeouts, max_response_bytes="64MiB")},
+        "routes": {
+            "raw": route(upstream, "/raw", timeouts=timeouts, max_response_bytes="64MiB"),
+            "guarded": route(upstream, "/guarded", timeouts=timeouts, breaker={"fail_max": 2}),
+        },
     }
     process = ProxyProcess(config).start()
     yield process
@@ -161,6 +164,12 @@ def items(item: bytes, n: int) -> bytes:
         items(b"1.5", 300_000),
         items(b"1000", 300_000),
         b"{" + b",".join(b'"k%d":0' % i for i in range(100_000)) + b"}",
+        # One character past U+FFFF makes CPython keep every character of its string in 4
+        # bytes, one past U+00FF in 2: as UTF-8, and as an escape.
+        orjson.dumps(["x" * MIB + "\N{GRINNING FACE}"]),
+        b'["' + b"x" * MIB + b'\\ud83d\\ude00"]',
+        orjson.dumps(["x" * MIB + "\u0100"]),
+        b'["' + b"x" * MIB + b'\\u0100"]',
     ],
     ids=lambda body: body[:20].decode(),
 )
@@ -179,6 +188,11 @@ def test_text_is_not_counted_as_much_more_than_its_size() -> None:
     )
     assert len(answer) >= PARSE_COUNTED_FROM
     assert parse_cost(answer) <= len(answer)  # a comma every 40 characters: 0.73 x
+    # Data in a few long strings (a CSV page read by an extract API): its commas are text.
+    rows = "\n".join(",".join(str(i * j) for j in range(12)) for i in range(5000))
+    extract = orjson.dumps({"results": [{"url": "https://e.com/data.csv", "raw_content": rows}]})
+    assert len(extract) >= PARSE_COUNTED_FROM
+    assert parse_cost(extract) <= 0.1 * len(extract)
     assert parse_cost(b" " + answer[: PARSE_COUNTED_FROM - 2]) == 0  # too small to count
     assert parse_cost(b"x" * PARSE_COUNTED_FROM + answer) == 0  # not JSON
 
@@ -192,6 +206,11 @@ async def test_an_answer_too_costly_to_parse_is_refused_before_it_is_parsed(
     assert status == 502 and headers["X-Proxy-Error"] == "upstream_too_large"
     assert b"server.max_buffered_bytes" in body and b"many small values" in body
     assert await gauge(proxy, "search_proxy_buffered_bytes") == 0
+    # Our own limit, not the vendor failing: it opens no circuit.
+    for _ in range(3):
+        status, headers, _ = await get(proxy, f"/guarded/tiny/{2 * MIB}")
+        assert status == 502 and headers["X-Proxy-Error"] == "upstream_too_large"
+    assert (await get(proxy, "/guarded/json/1000"))[0] == 200
     # 256 KiB of them (some 8 MiB parsed) fit and are served whole.
     status, _, body = await get(proxy, f"/raw/tiny/{256 * 1024}")
     assert status == 200 and body == tiny_results(256 * 1024)
