@@ -17,7 +17,7 @@ from __future__ import annotations
 import asyncio
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from typing import Any
 
@@ -446,7 +446,11 @@ class SearchApi:
             client=run.client,
             deadline=run.deadline,
         )
-        return self._part(answer, self._results(answer, search.count, wall), run)
+        results = self._results(answer, search.count, wall)
+        # The part lives until the slowest provider of a merge or the last query of a batch has
+        # answered, and the reply's memory charge went with it: it keeps only what it reports,
+        # not the vendor's whole answer (its parse, every result it listed).
+        return self._part(replace(answer, data=None, results=()), results, run)
 
     def _part(self, answer: Answer, results: list[dict[str, Any]], run: _Run) -> Part[Tried]:
         part = "empty" if answer.part == "results" and not results else answer.part

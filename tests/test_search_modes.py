@@ -5,12 +5,16 @@ call cancelled)."""
 
 from __future__ import annotations
 
+import asyncio
+import gc
 import time
 from typing import Any
 
+import orjson
 import pytest
 
 from policies.fusion import canonical_url, fuse
+from proxy.app import STATE
 from testkit.fakevendor import FakeVendor, Fault, expected_urls
 from testkit.waiting import eventually
 from tests.conftest import route
@@ -83,6 +87,32 @@ async def test_merge_dedupes_by_canonical_url_ranks_by_rrf_and_names_the_provide
     assert vendor.count() == 3  # one call each, at once
     document = await (await client.get("/openapi.json")).json()
     _validator(document, "SearchAnswer").validate(body)
+
+
+async def test_a_merge_waiting_on_its_slowest_provider_keeps_no_vendors_whole_answer(
+    vendor: FakeVendor, start_proxy: Any
+) -> None:
+    # Each answer's memory charge ends once it is read; what a part keeps until the slowest
+    # provider answers must then be its few results, not the vendor's whole answer parsed.
+    client = await start_proxy(config(vendor))
+    pad = b",".join([b'{"kept_by_merge": [1]}'] * 2000)  # a list in it: the GC sees it
+    for name in ("tavily", "exa"):
+        found = orjson.dumps(item(f"https://{name}.example/a"))
+        body = b'{"results": [' + found + b'], "pad": [' + pad + b"]}"
+        vendor.script(Fault.status(200, body), path_prefix=f"/{name}")
+    vendor.script(Fault.hang(5), path_prefix="/brave")
+    outcomes = client.app[STATE].metrics.provider_fallbacks
+    asking = asyncio.ensure_future(
+        client.post("/v1/search", json={"query": "slow", "mode": "merge"})
+    )
+    try:
+        await eventually(
+            lambda: all(outcomes.labels(n, "results").value == 1 for n in ("tavily", "exa"))
+        )
+        kept = [o for o in gc.get_objects() if type(o) is dict and "kept_by_merge" in o]
+        assert len(kept) <= 2000  # at most the last parse, which the next one replaces
+    finally:
+        asking.cancel()
 
 
 async def test_merge_asks_up_to_merge_providers_of_those_that_can_be_asked(
