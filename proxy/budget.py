@@ -20,14 +20,7 @@ log = structlog.get_logger("search_proxy")
 
 def over_budget(route: str | None, attempts: int, hold: Hold) -> MemoryBudgetFull:
     """The error of a body that would take the process past its memory budget."""
-    limit = hold.budget.limit
-    return MemoryBudgetFull(
-        f"{route or 'search-proxy'}: the bodies search-proxy holds at once would pass its "
-        f"memory budget of {limit} bytes (server.max_buffered_bytes); retry shortly",
-        route=route,
-        attempts=attempts,
-        retry_after_s=1.0,
-    )
+    return MemoryBudgetFull.over(route, attempts, hold.budget.limit)
 
 
 def giving_back(hold: Hold | None, size: int) -> Callable[[], None] | None:

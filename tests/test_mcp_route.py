@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import json
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -16,6 +17,7 @@ import aiohttp
 import httpx
 import pytest
 import structlog
+from aiohttp import web
 from mcp import ClientSession
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared.exceptions import McpError
@@ -23,6 +25,8 @@ from mcp.types import CallToolResult, TextContent
 from yarl import URL
 
 from policies.core.clock import ManualClock
+from policies.mcp.offline import MAX_CARD_BYTES
+from proxy.app import STATE
 from testkit.fakemcp import FakeMcp, serve_fake_mcp
 from testkit.waiting import eventually
 from tests.conftest import route
@@ -568,3 +572,64 @@ async def test_stale_answers_when_the_server_is_gone(start_proxy: Start, fake: F
     assert all(text_of(a) == text_of(warm) for a in again)
     assert all((a.meta or {}).get("search-proxy/cache") == "stale" for a in again)
     assert unknown.isError and "cannot connect" in text_of(unknown)
+
+
+# --- a server answering with one event of many small values --------------------------------
+
+
+def pad_server(pad: bytes) -> web.Application:
+    """An MCP server whose every result, sent as one SSE event, carries `pad`."""
+
+    async def answer(request: web.Request) -> web.StreamResponse:
+        message = json.loads(await request.read())
+        if "id" not in message:
+            return web.Response(status=202)
+        sent = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
+        await sent.prepare(request)
+        result = b'{"tools": [], "content": [{"type": "text", "text": "x"}], "pad": [' + pad
+        ident = json.dumps(message["id"]).encode()
+        await sent.write(b'event: message\ndata: {"jsonrpc": "2.0", "id": ' + ident + b", ")
+        await sent.write(b'"result": ' + result + b"]}}\n\n")
+        return sent
+
+    app = web.Application()
+    app.router.add_post("/mcp", answer)
+    return app
+
+
+async def post_mcp(client: Any, message: dict[str, Any]) -> bytes:
+    headers = {"Accept": "application/json, text/event-stream"}
+    async with client.post("/m/mcp", json=message, headers=headers) as r:
+        assert r.status == 200
+        return await r.read()
+
+
+async def test_a_tools_list_too_large_for_the_card_passes_and_is_not_kept(
+    start_proxy: Start, aiohttp_server: Any
+) -> None:
+    # What the route keeps of its server's answers for sessions it opens itself lives as long
+    # as the route: past MAX_CARD_BYTES an answer passes to the agent but is not kept.
+    pad = b",".join([b'{"kept_by_card": [1]}'] * (MAX_CARD_BYTES // 20))
+    server = await aiohttp_server(pad_server(pad))
+    client = await start_proxy({"routes": {"m": route(str(server.make_url("")), "/m", mcp={})}})
+    listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    assert pad in await post_mcp(client, listing)
+    assert not [o for o in gc.get_objects() if type(o) is dict and "kept_by_card" in o]
+
+
+async def test_a_tool_calls_event_too_costly_to_parse_is_a_tool_error(
+    start_proxy: Start, aiohttp_server: Any
+) -> None:
+    # 2 MiB of empty objects in one event parse to some 50 MiB: charged like a buffered answer,
+    # past the whole budget it is not read.
+    server = await aiohttp_server(pad_server(b",".join([b"{}"] * (2 * 1024 * 1024 // 3))))
+    config = {
+        "server": {"max_buffered_bytes": "16MiB"},
+        "routes": {"m": route(str(server.make_url("")), "/m", mcp={"idempotent_tools": ["s"]})},
+    }
+    client = await start_proxy(config)
+    call = {"jsonrpc": "2.0", "id": 7, "method": "tools/call", "params": {"name": "s"}}
+    answer = json.loads(await post_mcp(client, call))
+    assert answer["id"] == 7 and answer["result"]["isError"] is True
+    assert "server.max_buffered_bytes" in answer["result"]["content"][0]["text"]
+    assert client.app[STATE].memory.used == 0

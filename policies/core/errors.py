@@ -168,6 +168,17 @@ class MemoryBudgetFull(LocalRefusal):
     type = "memory_budget"
     summary = "memory budget full"
 
+    @classmethod
+    def over(cls, route: str | None, attempts: int, limit: int) -> MemoryBudgetFull:
+        """The error of a body that would take the process past its budget of `limit`."""
+        return cls(
+            f"{route or 'search-proxy'}: the bodies search-proxy holds at once would pass its "
+            f"memory budget of {limit} bytes (server.max_buffered_bytes); retry shortly",
+            route=route,
+            attempts=attempts,
+            retry_after_s=1.0,
+        )
+
 
 class AnswerTooCostly(LocalRefusal):
     """A vendor's answer whose parse alone would pass server.max_buffered_bytes, so it is not

@@ -14,7 +14,9 @@ from multidict import CIMultiDict
 
 from policies.core.clock import Clock
 from policies.core.errors import (
+    AnswerTooCostly,
     DeadlineExceeded,
+    MemoryBudgetFull,
     ProxyError,
     StreamCut,
     UpstreamInvalidResponse,
@@ -22,6 +24,7 @@ from policies.core.errors import (
     seconds_text,
 )
 from policies.core.flow import Flow, Handler, Policy, Reply, compose
+from policies.core.memory import holding, parse_cost
 from policies.core.outcome import Outcome
 from policies.core.redislink import RedisLink
 from policies.mcp.config import McpConfig
@@ -108,6 +111,7 @@ class McpUpstream:
         try:
             async for chunk in reply.stream:
                 for data in parser.feed(chunk):
+                    self._charge_parse(flow, data)
                     message = parse_message(data)
                     if message is None:
                         continue
@@ -124,6 +128,26 @@ class McpUpstream:
             attempts=flow.attempt,
             outcome=Outcome.RESET,
             reason="ended the stream without a result",
+        )
+
+    def _charge_parse(self, flow: Flow, data: bytes) -> None:
+        """Charge the request's hold what parsing an event of the stream will take, as a
+        buffered answer is charged (proxy/forward.py): the stream's bytes pass uncounted, but
+        one event of many small values would parse to many times its size."""
+        cost = parse_cost(data)
+        hold = holding()
+        if not cost or hold is None or hold.take(cost):
+            return
+        limit = hold.budget.limit
+        if len(data) + cost <= limit:
+            raise MemoryBudgetFull.over(self.route, flow.attempt, limit)
+        raise AnswerTooCostly(
+            f"{self.route}: the MCP server's event of {len(data)} bytes would take some "
+            f"{len(data) + cost} bytes of memory once read (it holds many small values), more "
+            f"than the memory budget of {limit} bytes (server.max_buffered_bytes); it is not "
+            "retried; ask for less, or raise server.max_buffered_bytes",
+            route=self.route,
+            attempts=flow.attempt,
         )
 
     def _malformed(self, flow: Flow, what: str) -> UpstreamInvalidResponse:
