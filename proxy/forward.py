@@ -16,7 +16,7 @@ from dataclasses import replace
 import aiohttp
 import structlog
 from aiohttp.http_exceptions import ContentEncodingError, HttpProcessingError
-from multidict import CIMultiDict
+from multidict import CIMultiDict, CIMultiDictProxy
 from yarl import URL
 
 from policies import faults
@@ -58,6 +58,17 @@ _NEVER_SENT = faults.HEADER
 RELAY_BYTES = 64 * 1024  # the most of a streamed answer handed on at once
 STREAM_TYPES = ("text/event-stream", "application/x-ndjson", "application/stream+json")
 _NO_BODY = frozenset({204, 304})  # statuses whose answers never carry a body (RFC 9110 6.4.1)
+
+
+# The most of an answer's head read (Envoy's max_response_headers_kb is 60): the parser takes
+# 128 headers of 8 KiB, and a head lives, parsed and copied for the agent, as long as its answer
+# (a stream's, up to timeouts.stream). With at most FEW_HEADERS it cannot come near, uncounted.
+MAX_HEAD_BYTES = 64 * 1024
+FEW_HEADERS = 8
+
+
+def head_size(headers: CIMultiDictProxy[str]) -> int:
+    return sum(len(name) + len(value) for name, value in headers.items())
 
 
 def is_stream(resp: Answer) -> bool:
@@ -240,6 +251,9 @@ class Upstream:
                 resp = await self.vendors.send(
                     self.origin, request.method, head, request.body, self.connect
                 )
+                if len(resp.headers) > FEW_HEADERS and head_size(resp.headers) > MAX_HEAD_BYTES:
+                    resp.close()
+                    raise HttpProcessingError(message=f"a head over {MAX_HEAD_BYTES} bytes")
                 headers = response_headers(resp.headers)
                 # A HEAD's, a 204's or a 304's Content-Length is the size a body would have had.
                 head_only = request.method == "HEAD"

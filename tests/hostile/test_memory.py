@@ -44,7 +44,15 @@ class RawAnswers(http.server.BaseHTTPRequestHandler):
         kind, size = self.path.strip("/").split("/")
         n = int(size)
         body = b'{"results": [], "pad": "' + b"x" * (n - 27) + b'"}'
-        if kind == "tiny":  # N bytes of tiny results: parsed, some 25 times as much
+        if kind == "headers":  # N headers of 4,000 bytes, then a small answer
+            self.send_response(200)
+            for i in range(n):
+                self.send_header(f"X-Pad-{i}", "p" * 4000)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "15")
+            self.end_headers()
+            self.wfile.write(b'{"results": []}')
+        elif kind == "tiny":  # N bytes of tiny results: parsed, some 25 times as much
             self._send(tiny_results(n), "text/plain")  # what it says it is changes nothing
         elif kind == "bin":
             self._send(b"\0" * n, "application/octet-stream")
@@ -227,6 +235,16 @@ async def test_a_request_body_too_costly_to_parse_is_refused(proxy: ProxyProcess
         async with http.post(f"{proxy.url}/raw/fast", data=small) as r:
             assert r.status == 200
     assert await gauge(proxy, "search_proxy_buffered_bytes") == 0
+
+
+async def test_an_answers_head_is_read_to_64_kib(proxy: ProxyProcess) -> None:
+    # The parser takes 128 headers of 8 KiB each; a head lives as long as its answer, outside
+    # the budget, so one over 64 KiB is refused as invalid (as Envoy does past 60 KiB).
+    status, headers, body = await get(proxy, "/raw/headers/20")
+    assert status == 502 and headers["X-Proxy-Error"] == "upstream_invalid_response"
+    assert b"a head over 65536 bytes" in body
+    status, headers, _ = await get(proxy, "/raw/headers/10")
+    assert status == 200 and headers["X-Pad-9"] == "p" * 4000
 
 
 def slow_reader(proxy: ProxyProcess, path: str) -> socket.socket:
