@@ -17,6 +17,7 @@ from yarl import URL
 from policies.core.clock import Clock
 from policies.core.errors import seconds_text
 from policies.core.extract import PageFormat, PageRead
+from policies.core.memory import holding
 from policies.fetch import AddressRules, Asking, Miss, MissKind, Read, parse_networks
 from proxy.config.fetch import DIRECT, DirectFetchConfig
 
@@ -104,9 +105,10 @@ class DirectReader:
         self, config: DirectFetchConfig, clock: Clock, hooks: DirectHooks | None = None
     ) -> None:
         # Imported here: trafilatura and lxml cost ~16 MiB, paid only with the fetcher on.
-        from proxy.pagetext import page_text
+        from proxy.pagetext import conversion_cost, page_text
 
         self.config = config
+        self.conversion_cost = conversion_cost
         self.clock = clock
         self.rules = address_rules(config)
         self.page_text = page_text
@@ -172,10 +174,24 @@ class DirectReader:
             return Miss(DIRECT, failed.kind, failed.reason)
         except TimeoutError:
             return Miss(DIRECT, "failed", f"timed out after {seconds_text(budget)}")
-        async with self._converting:
-            title, content, got = await asyncio.to_thread(
-                self.page_text, body, media, charset, fmt, str(final)
+        # The page and its conversion count against the memory budget while they wait for a
+        # slot and convert, as the request's other bodies do.
+        cost = self.conversion_cost(body, media)
+        hold = holding()
+        if hold is not None and not hold.take(cost):
+            why = (
+                f"converting the page would take some {cost} bytes of memory, more than "
+                "server.max_buffered_bytes has free"
             )
+            return Miss(DIRECT, "failed", why)
+        try:
+            async with self._converting:
+                title, content, got = await asyncio.to_thread(
+                    self.page_text, body, media, charset, fmt, str(final)
+                )
+        finally:
+            if hold is not None:
+                hold.give(cost)
         if not content:
             return Miss(DIRECT, "failed", "no readable text on the page")
         return PageRead(url, title, content, got)

@@ -19,6 +19,17 @@ for _name in ("trafilatura", "htmldate", "courlan", "justext"):
     logging.getLogger(_name).setLevel(logging.ERROR)
 
 
+# What converting a page takes per tag ("<"), measured (lxml's tree and trafilatura's work on
+# it, some 2 KB an element of open and close tags): a page of many tiny elements converts in
+# hundreds of MB.
+BYTES_PER_TAG = 1024
+
+
+def conversion_cost(body: bytes, media: str) -> int:
+    """The memory converting `body` (of media type `media`) takes, its bytes included."""
+    return len(body) if media in TEXT_TYPES else len(body) + BYTES_PER_TAG * body.count(b"<")
+
+
 def page_text(
     body: bytes, media: str, charset: str | None, fmt: PageFormat, url: str
 ) -> tuple[str, str, PageFormat]:

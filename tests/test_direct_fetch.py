@@ -18,11 +18,11 @@ import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from proxy.app import build_app
+from proxy.app import STATE, build_app
 from proxy.config import parse_config
 from proxy.direct import DirectHooks
 from testkit.fakevendor import FakeVendor
-from tests.conftest import route
+from tests.conftest import ListenerTestServer, route
 
 PUBLIC = "127.0.0.2"  # the "internet": allowed by allow_networks, like a public address
 ARTICLE = (
@@ -107,6 +107,8 @@ class Site:
                 body = gzip.compress(b"<p>" + b"a" * (4 * 1024 * 1024) + b"</p>")
                 headers = {"Content-Encoding": "gzip", "Content-Type": "text/html"}
                 return web.Response(body=body, headers=headers)
+            if name == "tags":  # 60 KB of tiny elements: some 12 MB to convert
+                return web.Response(text="<p>a b</p>" * 6000, content_type="text/html")
             if name == "loop":
                 raise web.HTTPFound("/loop")
             if name == "cookie":  # sets a cookie, then sends the fetcher back to itself
@@ -138,7 +140,10 @@ class World:
 
 
 async def start_world(
-    aiohttp_client: Any, vendor: FakeVendor | None = None, **direct: Any
+    aiohttp_client: Any,
+    vendor: FakeVendor | None = None,
+    server: dict[str, Any] | None = None,
+    **direct: Any,
 ) -> AsyncIterator[World]:
     private = await Listener("127.0.0.1").start()
     private6 = await Listener("::1").start()
@@ -181,6 +186,7 @@ async def start_world(
         **direct,
     }
     raw = {
+        "server": server or {},
         "routes": routes,
         "fetch_api": {
             "providers": (["tavily"] if vendor is not None else []) + ["direct"],
@@ -188,7 +194,7 @@ async def start_world(
         },
     }
     app = build_app(parse_config(raw, {}), direct_hooks=DirectHooks(dns, on_connect))
-    client = await aiohttp_client(app)
+    client = await aiohttp_client(ListenerTestServer(app))
     try:
         yield World(
             client, site, f"http://public.test:{site_port}", private, private6, dns, connects
@@ -321,6 +327,21 @@ async def test_what_is_not_a_page_or_too_much_is_failed_and_said(
     [failed] = (await fetch(world, f"{world.public}/{page}"))["failed"]
     assert failed["error"]["type"] == "page_failed"
     assert reason in failed["attempts"][0]["reason"]
+
+
+async def test_a_page_is_converted_only_when_its_conversion_fits_the_memory_budget(
+    aiohttp_client: Any,
+) -> None:
+    server = {"max_buffered_bytes": "8MiB", "max_body_bytes": "64KiB"}
+    async for world in start_world(aiohttp_client, server=server):
+        [failed] = (await fetch(world, f"{world.public}/tags"))["failed"]
+        reason = failed["attempts"][0]["reason"]
+        assert "more than server.max_buffered_bytes has free" in reason
+        assert (await fetch(world, f"{world.public}/article"))["results"]  # a usual page
+        assert world.client.app[STATE].memory.used == 0
+    async for world in start_world(aiohttp_client):  # the default 32 MiB: it fits
+        [page] = (await fetch(world, f"{world.public}/tags", format="text"))["results"]
+        assert page["content"].startswith("a b")
 
 
 async def test_another_port_scheme_or_unknown_name_is_not_fetched(world: World) -> None:
