@@ -25,6 +25,7 @@ from mcp.types import CallToolResult, TextContent
 from yarl import URL
 
 from policies.core.clock import ManualClock
+from policies.core.memory import parse_cost
 from policies.mcp.offline import MAX_CARD_BYTES
 from proxy.app import STATE
 from testkit.fakemcp import FakeMcp, serve_fake_mcp
@@ -577,8 +578,9 @@ async def test_stale_answers_when_the_server_is_gone(start_proxy: Start, fake: F
 # --- a server answering with one event of many small values --------------------------------
 
 
-def pad_server(pad: bytes) -> web.Application:
-    """An MCP server whose every result, sent as one SSE event, carries `pad`."""
+def pad_server(pad: bytes, progress: bytes = b"", notes: int = 0) -> web.Application:
+    """An MCP server whose every result, sent as one SSE event, carries `pad`, after `notes`
+    progress notifications each carrying `progress`."""
 
     async def answer(request: web.Request) -> web.StreamResponse:
         message = json.loads(await request.read())
@@ -586,6 +588,9 @@ def pad_server(pad: bytes) -> web.Application:
             return web.Response(status=202)
         sent = web.StreamResponse(headers={"Content-Type": "text/event-stream"})
         await sent.prepare(request)
+        note = b'{"jsonrpc": "2.0", "method": "notifications/progress", "params": {"pad": ['
+        for _ in range(notes):
+            await sent.write(b"event: message\ndata: " + note + progress + b"]}}\n\n")
         result = b'{"tools": [], "content": [{"type": "text", "text": "x"}], "pad": [' + pad
         ident = json.dumps(message["id"]).encode()
         await sent.write(b'event: message\ndata: {"jsonrpc": "2.0", "id": ' + ident + b", ")
@@ -608,8 +613,10 @@ async def test_a_tools_list_too_large_for_the_card_passes_and_is_not_kept(
     start_proxy: Start, aiohttp_server: Any
 ) -> None:
     # What the route keeps of its server's answers for sessions it opens itself lives as long
-    # as the route: past MAX_CARD_BYTES an answer passes to the agent but is not kept.
-    pad = b",".join([b'{"kept_by_card": [1]}'] * (MAX_CARD_BYTES // 20))
+    # as the route: one that would parse past MAX_CARD_BYTES passes to the agent, not kept.
+    # 340 KB of tiny objects: some 6 MB parsed.
+    pad = b",".join([b'{"kept_by_card": [1]}'] * 16_000)
+    assert len(pad) < MAX_CARD_BYTES < len(pad) + parse_cost(b"[" + pad + b"]")
     server = await aiohttp_server(pad_server(pad))
     client = await start_proxy({"routes": {"m": route(str(server.make_url("")), "/m", mcp={})}})
     listing = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
@@ -632,4 +639,19 @@ async def test_a_tool_calls_event_too_costly_to_parse_is_a_tool_error(
     answer = json.loads(await post_mcp(client, call))
     assert answer["id"] == 7 and answer["result"]["isError"] is True
     assert "server.max_buffered_bytes" in answer["result"]["content"][0]["text"]
+    assert client.app[STATE].memory.used == 0
+
+
+async def test_a_tool_calls_progress_events_are_charged_one_at_a_time(
+    start_proxy: Start, aiohttp_client: Any, aiohttp_server: Any
+) -> None:
+    # 20 notifications of some 3.5 MiB each once parsed: each is let go once passed on, so
+    # together they never pass the 32 MiB budget that all of them at once would.
+    tiny = b",".join([b"{}"] * (100 * 1024 // 3))
+    server = await aiohttp_server(pad_server(b"1", progress=tiny, notes=20))
+    mcp = {"idempotent_tools": ["s"]}
+    client = await start_proxy({"routes": {"m": route(str(server.make_url("")), "/m", mcp=mcp)}})
+    call = {"jsonrpc": "2.0", "id": 8, "method": "tools/call", "params": {"name": "s"}}
+    answer = json.loads((await post_mcp(client, call)).split(b"data: ")[-1])
+    assert answer["id"] == 8 and "isError" not in answer["result"], answer
     assert client.app[STATE].memory.used == 0

@@ -38,7 +38,16 @@ def parse_cost(body: bytes) -> int:
     JSON. A vendor's answer of 7 MB of tiny results parses to some 170 MB: charged only by its
     bytes, a few such answers at once would pass any container's memory limit. Some 5 ms a
     MiB."""
-    if len(body) < PARSE_COUNTED_FROM or body.lstrip()[:1] not in (b"{", b"["):
+    if len(body) < PARSE_COUNTED_FROM:
+        return 0
+    head = body[:8]
+    if b"\0" in head:  # JSON as UTF-16 or UTF-32, which json.loads reads: not estimated
+        opens = head.replace(b"\0", b"").lstrip(b"\xff\xfe \t\r\n")[:1] in (b"{", b"[")
+        return _WORST * len(body) if opens else 0
+    start = body.lstrip()
+    if start.startswith(_BOM):
+        start = start[len(_BOM) :].lstrip()
+    if start[:1] not in (b"{", b"["):
         return 0
     quotes = body.count(b'"')
     cost = (quotes - body.count(b'\\"')) * 32 + body.count(b'{"') * 128
@@ -46,6 +55,10 @@ def parse_cost(body: bytes) -> int:
     if loose > len(body) and quotes <= 2 * _STRINGS_WALKED:
         loose = _outside_strings(body)  # prose or data in a few long strings: not structure
     return cost + loose + _width_cost(body)
+
+
+_BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which json.loads passes over
+_WORST = 40  # what a byte can parse to at most (empty objects; 4-byte characters)
 
 
 def _outside_strings(body: bytes) -> int:
@@ -57,20 +70,18 @@ def _outside_strings(body: bytes) -> int:
         cost += sum(body.count(mark, at, end) * each for mark, each in _LOOSE_MARKS)
         if opening < 0:
             return cost
-        closing = body.find(b'"', opening + 1)
-        while closing > 0 and _escaped(body, closing):
-            closing = body.find(b'"', closing + 1)
+        before, closing = opening, body.find(b'"', opening + 1)
+        while closing > 0 and _escaped(body[before + 1 : closing]):
+            before, closing = closing, body.find(b'"', closing + 1)
         if closing < 0:
             return cost  # not JSON: its parse fails at once
         at = closing + 1
 
 
-def _escaped(body: bytes, quote: int) -> bool:
-    """Whether the quote at `quote` follows an odd run of backslashes."""
-    start = quote
-    while start > 0 and body[start - 1] == 0x5C:
-        start -= 1
-    return (quote - start) % 2 == 1
+def _escaped(text: bytes) -> bool:
+    """Whether a quote after `text` (the string's bytes since its last quote) is escaped: it
+    ends in an odd run of backslashes."""
+    return (len(text) - len(text.rstrip(b"\\"))) % 2 == 1
 
 
 def _width_cost(body: bytes) -> int:

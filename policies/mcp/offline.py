@@ -16,6 +16,7 @@ from multidict import CIMultiDict
 from policies.core.clock import Clock
 from policies.core.errors import UpstreamInvalidResponse
 from policies.core.flow import Flow, Handler, Reply
+from policies.core.memory import parse_cost
 from policies.mcp.messages import (
     SseParser,
     attempt_id,
@@ -33,9 +34,9 @@ MAX_PARAMS_BYTES = 8192
 _PARAMS = ("protocolVersion", "capabilities", "clientInfo")
 # Marks an answer the proxy made from its memory of the server (`result._meta`).
 MARK = "search-proxy/offline"
-# The largest answer a card keeps (an initialize result is a few hundred bytes, a first page of
-# tools tens of KB): kept, it lives as long as the route, outside the memory budget.
-MAX_CARD_BYTES = 1024 * 1024
+# The most an answer a card keeps takes once parsed (an initialize result is a few hundred bytes,
+# a first page of tools tens of KB): kept, it lives as long as the route, outside the budget.
+MAX_CARD_BYTES = 4 * 1024 * 1024
 
 Result = dict[str, Any]
 
@@ -56,7 +57,7 @@ def noting(reply: Reply, request_id: Any, keep: Callable[[Result], None]) -> Rep
         return reply
 
     def look(data: bytes) -> bool:
-        if len(data) > MAX_CARD_BYTES:
+        if len(data) + parse_cost(data) > MAX_CARD_BYTES:
             return False  # not kept, nor parsed: it passes as it is
         message = parse_message(data)
         if message is None or not is_response(message) or message.get("id") != request_id:

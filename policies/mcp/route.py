@@ -24,7 +24,7 @@ from policies.core.errors import (
     seconds_text,
 )
 from policies.core.flow import Flow, Handler, Policy, Reply, compose
-from policies.core.memory import holding, parse_cost
+from policies.core.memory import Hold, holding, parse_cost
 from policies.core.outcome import Outcome
 from policies.core.redislink import RedisLink
 from policies.mcp.config import McpConfig
@@ -108,17 +108,20 @@ class McpUpstream:
                 raise self._malformed(flow, "answered a tool call with no JSON-RPC response")
             return message
         parser = SseParser()
+        hold = holding()
         try:
             async for chunk in reply.stream:
                 for data in parser.feed(chunk):
-                    self._charge_parse(flow, data)
+                    cost = self._charge_parse(flow, data, hold)
                     message = parse_message(data)
                     if message is None:
-                        continue
-                    if is_response(message) and message.get("id") == sent_as:
-                        return message
-                    if flow.context.interim is not None and not is_response(message):
+                        pass
+                    elif is_response(message) and message.get("id") == sent_as:
+                        return message  # its charge ends with the request
+                    elif flow.context.interim is not None and not is_response(message):
                         await flow.context.interim(sse_event(encode(message)))
+                    if hold is not None:
+                        hold.give(cost)  # passed on, or not ours: let go
         except StreamCut as cut:
             raise cut.error from None  # an attempt that failed: the retry loop decides
         raise UpstreamUnreachable(
@@ -130,14 +133,13 @@ class McpUpstream:
             reason="ended the stream without a result",
         )
 
-    def _charge_parse(self, flow: Flow, data: bytes) -> None:
-        """Charge the request's hold what parsing an event of the stream will take, as a
+    def _charge_parse(self, flow: Flow, data: bytes, hold: Hold | None) -> int:
+        """Charge `hold` what parsing an event of the stream will take, and return it, as a
         buffered answer is charged (proxy/forward.py): the stream's bytes pass uncounted, but
         one event of many small values would parse to many times its size."""
-        cost = parse_cost(data)
-        hold = holding()
+        cost = parse_cost(data) if hold is not None else 0
         if not cost or hold is None or hold.take(cost):
-            return
+            return cost
         limit = hold.budget.limit
         if len(data) + cost <= limit:
             raise MemoryBudgetFull.over(self.route, flow.attempt, limit)

@@ -9,10 +9,11 @@ from __future__ import annotations
 import asyncio
 import gzip
 import http.server
+import json
 import socket
 import threading
 import tracemalloc
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -143,11 +144,11 @@ async def test_an_answer_nothing_reads_is_passed_through_instead(proxy: ProxyPro
     assert status == 200 and len(body) == BIG
 
 
-def parsed_size(body: bytes) -> int:
-    """The bytes `orjson.loads(body)` allocates and keeps, as tracemalloc counts them."""
+def parsed_size(body: bytes, loads: Callable[[bytes], Any] = orjson.loads) -> int:
+    """The bytes `loads(body)` allocates and keeps, as tracemalloc counts them."""
     tracemalloc.start()
     try:
-        data = orjson.loads(body)
+        data = loads(body)
         size = tracemalloc.get_traced_memory()[0]
     finally:
         tracemalloc.stop()
@@ -186,6 +187,20 @@ def test_a_json_bodys_parse_cost_is_never_far_under_what_it_takes(body: bytes) -
     assert len(body) + parse_cost(body) >= 0.85 * parsed_size(body)
 
 
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"\xef\xbb\xbf" + items(b"{}", 100_000),  # a byte order mark, which json.loads passes
+        items(b"{}", 50_000).decode().encode("utf-16-be"),
+        items(b"{}", 50_000).decode().encode("utf-32"),
+    ],
+    ids=["bom", "utf-16", "utf-32"],
+)
+def test_bodies_the_stdlib_parser_reads_past_their_first_byte_are_counted(body: bytes) -> None:
+    assert len(body) + parse_cost(body) >= 0.85 * parsed_size(body, json.loads)
+    assert parse_cost(b"\0" * len(body)) == 0  # what is not JSON in any of them
+
+
 def test_text_is_not_counted_as_much_more_than_its_size() -> None:
     prose = (
         "The proxy retries a vendor's 429 and 5xx answers, honours Retry-After, and falls "
@@ -200,6 +215,10 @@ def test_text_is_not_counted_as_much_more_than_its_size() -> None:
     rows = "\n".join(",".join(str(i * j) for j in range(12)) for i in range(5000))
     extract = orjson.dumps({"results": [{"url": "https://e.com/data.csv", "raw_content": rows}]})
     assert len(extract) >= PARSE_COUNTED_FROM
+    assert parse_cost(extract) <= 0.1 * len(extract)
+    # Its strings' ends found past escaped quotes and escaped backslashes.
+    tricky = rows.replace("\n", '\\"\n') + "\\"
+    extract = orjson.dumps({"results": [{"url": "https://e.com/q.csv", "raw_content": tricky}]})
     assert parse_cost(extract) <= 0.1 * len(extract)
     assert parse_cost(b" " + answer[: PARSE_COUNTED_FROM - 2]) == 0  # too small to count
     assert parse_cost(b"x" * PARSE_COUNTED_FROM + answer) == 0  # not JSON
