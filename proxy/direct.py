@@ -179,19 +179,26 @@ class DirectReader:
         cost = self.conversion_cost(body, media)
         hold = holding()
         if hold is not None and not hold.take(cost):
-            why = (
-                f"converting the page would take some {cost} bytes of memory, more than "
-                "server.max_buffered_bytes has free"
-            )
-            return Miss(DIRECT, "failed", why)
+            return _no_room(cost, hold.budget.limit)
         try:
-            async with self._converting:
-                title, content, got = await asyncio.to_thread(
-                    self.page_text, body, media, charset, fmt, str(final)
-                )
-        finally:
+            await self._converting.acquire()
+        except BaseException:
             if hold is not None:
                 hold.give(cost)
+            raise
+        # A thread cannot be stopped: if the request is cancelled, the conversion still holds
+        # its slot and its memory until it ends.
+        converting = asyncio.ensure_future(
+            asyncio.to_thread(self.page_text, body, media, charset, fmt, str(final))
+        )
+
+        def converted(_: object) -> None:
+            self._converting.release()
+            if hold is not None:
+                hold.give(cost)
+
+        converting.add_done_callback(converted)
+        title, content, got = await asyncio.shield(converting)
         if not content:
             return Miss(DIRECT, "failed", "no readable text on the page")
         return PageRead(url, title, content, got)
@@ -248,6 +255,15 @@ class DirectReader:
             if len(body) > limit:
                 raise too_large
         return bytes(body)
+
+
+def _no_room(cost: int, limit: int) -> Miss:
+    """The miss of a page whose conversion does not fit the memory budget: never, or now."""
+    what = f"converting the page would take some {cost} bytes of memory"
+    if cost > limit:
+        why = f"{what}, more than server.max_buffered_bytes ({limit}); raise it to read such pages"
+        return Miss(DIRECT, "failed", why)
+    return Miss(DIRECT, "unavailable", f"{what}, more than is free now; retry shortly", 1.0)
 
 
 def _next_hop(url: URL, location: str | None, status: int) -> URL:

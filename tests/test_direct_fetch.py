@@ -7,9 +7,11 @@ the machine even if a rule broke), a "public" site on 127.0.0.2 (allowed as
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import gzip
 import ipaddress
 import socket
+import threading
 from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -18,10 +20,14 @@ import pytest
 from aiohttp import web
 from aiohttp.abc import AbstractResolver, ResolveResult
 
+from policies.core.flow import CallBudget
+from policies.core.memory import HOLD, Hold, MemoryBudget
+from policies.fetch.readers import Asking
 from proxy.app import STATE, build_app
 from proxy.config import parse_config
-from proxy.direct import DirectHooks
+from proxy.direct import CONVERSIONS, DirectHooks
 from testkit.fakevendor import FakeVendor
+from testkit.waiting import eventually
 from tests.conftest import ListenerTestServer, route
 
 PUBLIC = "127.0.0.2"  # the "internet": allowed by allow_networks, like a public address
@@ -336,12 +342,41 @@ async def test_a_page_is_converted_only_when_its_conversion_fits_the_memory_budg
     async for world in start_world(aiohttp_client, server=server):
         [failed] = (await fetch(world, f"{world.public}/tags"))["failed"]
         reason = failed["attempts"][0]["reason"]
-        assert "more than server.max_buffered_bytes has free" in reason
+        assert "more than server.max_buffered_bytes (8388608); raise it" in reason
         assert (await fetch(world, f"{world.public}/article"))["results"]  # a usual page
         assert world.client.app[STATE].memory.used == 0
     async for world in start_world(aiohttp_client):  # the default 32 MiB: it fits
         [page] = (await fetch(world, f"{world.public}/tags", format="text"))["results"]
         assert page["content"].startswith("a b")
+
+
+async def test_a_cancelled_fetch_holds_its_conversion_slot_and_memory_until_the_thread_ends(
+    world: World,
+) -> None:
+    # A thread cannot be stopped: a request cancelled while its page converts must leave that
+    # conversion's slot and memory taken until the conversion is done, or cancelled requests
+    # would start conversions past the limit and outside the budget.
+    generation = world.client.app[STATE].generation
+    assert generation is not None and generation.direct is not None
+    reader = generation.direct
+    convert, gate = reader.page_text, threading.Event()
+
+    def gated(*args: Any) -> Any:
+        gate.wait(10)
+        return convert(*args)
+
+    reader.page_text = gated
+    hold = Hold(MemoryBudget(64 * 1024 * 1024))
+    asking = Asking("r1", reader.clock.now() + 30, CallBudget(5))
+    HOLD.set(hold)
+    reading = asyncio.ensure_future(reader._one(f"{world.public}/article", "markdown", asking))
+    await eventually(lambda: hold.held > 0 and reader._converting._value == CONVERSIONS - 1)
+    reading.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await reading
+    assert hold.held > 0 and reader._converting._value == CONVERSIONS - 1  # still converting
+    gate.set()
+    await eventually(lambda: hold.held == 0 and reader._converting._value == CONVERSIONS)
 
 
 async def test_another_port_scheme_or_unknown_name_is_not_fetched(world: World) -> None:
