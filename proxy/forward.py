@@ -252,8 +252,7 @@ class Upstream:
                     self.origin, request.method, head, request.body, self.connect
                 )
                 if len(resp.headers) > FEW_HEADERS and head_size(resp.headers) > MAX_HEAD_BYTES:
-                    resp.close()
-                    raise HttpProcessingError(message=f"a head over {MAX_HEAD_BYTES} bytes")
+                    raise self._head_too_large(flow)
                 headers = response_headers(resp.headers)
                 # A HEAD's, a 204's or a 304's Content-Length is the size a body would have had.
                 head_only = request.method == "HEAD"
@@ -546,6 +545,19 @@ class Upstream:
             attempts=flow.attempt,
             reason=f"answered over {self.max_bytes} bytes",
         )
+
+    def _head_too_large(self, flow: Flow) -> UpstreamInvalidResponse:
+        """The error of an answer whose head is past MAX_HEAD_BYTES: not retried, since the
+        same request gets the same head."""
+        error = UpstreamInvalidResponse(
+            f"{self.route}: the upstream's answer head is over {MAX_HEAD_BYTES} bytes, more "
+            "than search-proxy reads; it is not retried, as the same request would get the "
+            "same head; no search API sends such a head: check the route's upstream",
+            route=self.route,
+            attempts=flow.attempt,
+        )
+        error.transient = False
+        return error
 
     def _no_connection(
         self, flow: Flow, what: str, reason: str, *, transient: bool = True

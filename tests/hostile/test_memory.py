@@ -15,7 +15,7 @@ import threading
 import tracemalloc
 from collections.abc import AsyncIterator, Callable, Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 import aiohttp
 import orjson
@@ -41,7 +41,10 @@ class RawAnswers(http.server.BaseHTTPRequestHandler):
 
     protocol_version = "HTTP/1.1"
 
+    asked: ClassVar[list[str]] = []  # the paths asked for, in order
+
     def do_GET(self) -> None:
+        self.asked.append(self.path)
         kind, size = self.path.strip("/").split("/")
         n = int(size)
         body = b'{"results": [], "pad": "' + b"x" * (n - 27) + b'"}'
@@ -104,7 +107,13 @@ def proxy(upstream: str) -> Iterator[ProxyProcess]:
         "server": {"max_buffered_bytes": BUDGET, "max_body_bytes": "12MiB"},
         "routes": {
             "raw": route(upstream, "/raw", timeouts=timeouts, max_response_bytes="64MiB"),
-            "guarded": route(upstream, "/guarded", timeouts=timeouts, breaker={"fail_max": 2}),
+            "guarded": route(
+                upstream,
+                "/guarded",
+                timeouts=timeouts,
+                breaker={"fail_max": 2},
+                retry={"attempts": 3, "backoff": {"initial": "10ms"}},
+            ),
         },
     }
     process = ProxyProcess(config).start()
@@ -259,9 +268,11 @@ async def test_a_request_body_too_costly_to_parse_is_refused(proxy: ProxyProcess
 async def test_an_answers_head_is_read_to_64_kib(proxy: ProxyProcess) -> None:
     # The parser takes 128 headers of 8 KiB each; a head lives as long as its answer, outside
     # the budget, so one over 64 KiB is refused as invalid (as Envoy does past 60 KiB).
-    status, headers, body = await get(proxy, "/raw/headers/20")
+    RawAnswers.asked.clear()
+    status, headers, body = await get(proxy, "/guarded/headers/20")
     assert status == 502 and headers["X-Proxy-Error"] == "upstream_invalid_response"
-    assert b"a head over 65536 bytes" in body
+    assert b"head is over 65536 bytes" in body and b"not retried" in body
+    assert RawAnswers.asked == ["/headers/20"]  # the same request gets the same head
     status, headers, _ = await get(proxy, "/raw/headers/10")
     assert status == 200 and headers["X-Pad-9"] == "p" * 4000
 
