@@ -645,9 +645,9 @@ async def test_a_tool_calls_event_too_costly_to_parse_is_a_tool_error(
 async def test_a_tool_calls_progress_events_are_charged_one_at_a_time(
     start_proxy: Start, aiohttp_client: Any, aiohttp_server: Any
 ) -> None:
-    # 20 notifications of some 3.5 MiB each once parsed: each is let go once passed on, so
+    # 20 notifications of some 10 MiB each once parsed: each is let go once passed on, so
     # together they never pass the 32 MiB budget that all of them at once would.
-    tiny = b",".join([b"{}"] * (100 * 1024 // 3))
+    tiny = b",".join([b"{}"] * (300 * 1024 // 3))
     server = await aiohttp_server(pad_server(b"1", progress=tiny, notes=20))
     mcp = {"idempotent_tools": ["s"]}
     client = await start_proxy({"routes": {"m": route(str(server.make_url("")), "/m", mcp=mcp)}})

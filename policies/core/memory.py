@@ -7,22 +7,29 @@ A large JSON body is charged what it will cost once parsed too (`parse_cost`).
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from contextvars import ContextVar
 
-# Below this size a body's parse costs at most a couple of MB: not worth counting.
-PARSE_COUNTED_FROM = 64 * 1024
+# Below this size a body's parse takes at most some 10 MB, and the policies hold one parse at a
+# time (policies/profiles/reading.py): not worth counting, where counting costs more than
+# parsing.
+PARSE_COUNTED_FROM = 256 * 1024
 # What parsing adds per mark in the text, from sizes in CPython 3.11 measured with tracemalloc
-# (tests/hostile/test_memory.py): a string (32 a quote, one not escaped: the str object, its
-# characters being counted as the body's bytes) and an object with keys (128 more a '{"',
-# which text cannot hold unescaped: a dict of up to five). Then marks that text may hold too:
-# any object or array ("{", "[": an empty one with its GC header), a key's colon, and each
-# comma (a slot, and the number it may end: arrays of numbers are counted so).
+# (tests/hostile/test_memory.py): a string (32 a quote: the str object, its characters being
+# counted as the body's bytes; an escaped quote in text counts too) and an object with keys (128
+# more a '{"', or a "{" whose next mark is a quote: a dict of up to five). Then marks that text
+# may hold too: any object or array ("{", "[": an empty one with its GC header), a key's colon,
+# and each comma (a slot, and the number it may end: arrays of numbers are counted so).
 _LOOSE_MARKS = ((b"{", 72), (b"[", 72), (b":", 24), (b",", 32))
-# Text is read string by string to leave its marks out only when it has few quotes (escaped
-# ones included, each a step of the walk): many strings with dense marks look like the answers
-# this guards against, and are charged as read.
-_STRINGS_WALKED = 20_000
+# Only the marks are counted, in the body with everything else left out (one pass in C): a few
+# percent of a body of prose, nearly all of one built to parse large.
+_NOT_MARKS = bytes(b for b in range(256) if b not in b'"{[:,')
+# When the loose marks cost more than twice the body's size, those inside its strings (a CSV
+# page; prose costs about its size) are left out, if the strings are few: many strings with
+# dense marks look like the answers this guards against, and are charged as read.
+_STRINGS_READ = 20_000
+_STRING = re.compile(rb'"[^"]*"')
 # A string's characters take 1 byte each in CPython when all are below U+0100, 2 when one is
 # below U+10000, 4 when one is above: a body with such characters may parse to 2 or 4 times its
 # size. UTF-8 begins a character above U+FFFF with F0-F4; an escape, with a surrogate.
@@ -36,8 +43,8 @@ def parse_cost(body: bytes) -> int:
     """What the objects of JSON `body` will take once parsed beyond its own bytes, estimated
     from the marks in its text (over, never far under); 0 when it is small or does not begin as
     JSON. A vendor's answer of 7 MB of tiny results parses to some 170 MB: charged only by its
-    bytes, a few such answers at once would pass any container's memory limit. Some 5 ms a
-    MiB."""
+    bytes, a few such answers at once would pass any container's memory limit. About as long
+    as parsing a body of prose takes."""
     if len(body) < PARSE_COUNTED_FROM:
         return 0
     head = body[:8]
@@ -49,11 +56,17 @@ def parse_cost(body: bytes) -> int:
         start = start[len(_BOM) :].lstrip()
     if start[:1] not in (b"{", b"["):
         return 0
-    quotes = body.count(b'"')
-    cost = (quotes - body.count(b'\\"')) * 32 + body.count(b'{"') * 128
-    loose = sum(body.count(mark) * each for mark, each in _LOOSE_MARKS)
-    if loose > len(body) and quotes <= 2 * _STRINGS_WALKED:
-        loose = _outside_strings(body)  # prose or data in a few long strings: not structure
+    marks = body.translate(None, _NOT_MARKS)
+    quotes = marks.count(b'"')
+    cost = quotes * 32 + marks.count(b'{"') * 128
+    loose = sum(marks.count(mark) * each for mark, each in _LOOSE_MARKS)
+    if loose > 2 * len(body) and quotes <= 2 * _STRINGS_READ:
+        # Escaped backslashes and quotes out first, so that each quote left opens or closes.
+        unescaped = body
+        if b"\\" in unescaped:
+            unescaped = unescaped.replace(b"\\\\", b"").replace(b'\\"', b"")
+        outside = _STRING.sub(b"", unescaped.translate(None, _NOT_MARKS))
+        loose = sum(outside.count(mark) * each for mark, each in _LOOSE_MARKS)
     return cost + loose + _width_cost(body)
 
 
@@ -61,39 +74,15 @@ _BOM = b"\xef\xbb\xbf"  # UTF-8's byte order mark, which json.loads passes over
 _WORST = 40  # what a byte can parse to at most (empty objects; 4-byte characters)
 
 
-def _outside_strings(body: bytes) -> int:
-    """The cost of `body`'s loose marks that are not inside its strings."""
-    cost = at = 0
-    while True:
-        opening = body.find(b'"', at)
-        end = len(body) if opening < 0 else opening
-        cost += sum(body.count(mark, at, end) * each for mark, each in _LOOSE_MARKS)
-        if opening < 0:
-            return cost
-        before, closing = opening, body.find(b'"', opening + 1)
-        while closing > 0 and _escaped(body[before + 1 : closing]):
-            before, closing = closing, body.find(b'"', closing + 1)
-        if closing < 0:
-            return cost  # not JSON: its parse fails at once
-        at = closing + 1
-
-
-def _escaped(text: bytes) -> bool:
-    """Whether a quote after `text` (the string's bytes since its last quote) is escaped: it
-    ends in an odd run of backslashes."""
-    return (len(text) - len(text.rstrip(b"\\"))) % 2 == 1
-
-
 def _width_cost(body: bytes) -> int:
     """What wide characters may add to the strings of `body`, beyond a byte each (a Latin-1
     character outside ASCII is counted as wide)."""
     if body.isascii():
-        escapes = body.count(b"\\u")
-        if not escapes:
+        if b"\\u" not in body:
             return 0
         if any(escape in body for escape in _SURROGATES):
             return 3 * len(body)
-        return len(body) if escapes > body.count(b"\\u00") else 0
+        return len(body) if body.count(b"\\u") > body.count(b"\\u00") else 0
     return 3 * len(body) if any(lead in body for lead in _ASTRAL_LEADS) else len(body)
 
 
