@@ -34,18 +34,17 @@ _STRING = re.compile(rb'"[^"]*"')
 # below U+10000, 4 when one is above: a body with such characters may parse to 2 or 4 times its
 # size. UTF-8 begins a character above U+FFFF with F0-F4; an escape, with a surrogate.
 _ASTRAL_LEADS = (b"\xf0", b"\xf1", b"\xf2", b"\xf3", b"\xf4")
-_ESCAPE = re.compile(rb"\\u")
-_SURROGATES = tuple(
-    b"\\u" + d + h for d in (b"d", b"D") for h in (b"8", b"9", b"a", b"b", b"A", b"B")
-)
+_ESCAPE = re.compile(rb"\\u")  # (a regex finds it twice as fast as `in`)
+_WIDE_ESCAPE = re.compile(rb"\\u(?!00)")
+_SURROGATE = re.compile(rb"\\u[dD][89abAB]")
 
 
 def parse_cost(body: bytes) -> int:
     """What the objects of JSON `body` will take once parsed beyond its own bytes, estimated
     from the marks in its text (over, never far under); 0 when it is small or does not begin as
     JSON. A vendor's answer of 7 MB of tiny results parses to some 170 MB: charged only by its
-    bytes, a few such answers at once would pass any container's memory limit. About as long
-    as parsing a body of prose takes."""
+    bytes, a few such answers at once would pass any container's memory limit. About twice as
+    long as parsing a body of prose takes."""
     if len(body) < PARSE_COUNTED_FROM:
         return 0
     head = body[:8]
@@ -79,11 +78,11 @@ def _width_cost(body: bytes) -> int:
     """What wide characters may add to the strings of `body`, beyond a byte each (a Latin-1
     character outside ASCII is counted as wide)."""
     if body.isascii():
-        if _ESCAPE.search(body) is None:  # (a regex finds it twice as fast as `in`)
+        if _ESCAPE.search(body) is None:
             return 0
-        if any(escape in body for escape in _SURROGATES):
+        if _SURROGATE.search(body) is not None:
             return 3 * len(body)
-        return len(body) if body.count(b"\\u") > body.count(b"\\u00") else 0
+        return len(body) if _WIDE_ESCAPE.search(body) is not None else 0
     return 3 * len(body) if any(lead in body for lead in _ASTRAL_LEADS) else len(body)
 
 
