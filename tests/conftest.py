@@ -81,6 +81,7 @@ TIER_OF_MODULE = {
     "test_redis_ha": "e2e",
     "test_redis_tls": "integration",
     "test_redis_config": "unit",
+    "test_redis_line": "unit",
     "test_process": "e2e",
     "test_profiles": "unit",
     "test_prometheus": "deploy",

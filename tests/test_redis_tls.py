@@ -21,6 +21,7 @@ from redis.asyncio.connection import AbstractConnection, SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 
 from policies.core.redisclient import ClusterNodes, RedisConfig, RedisTls, SentinelService, connect
+from policies.core.redisline import LARGE
 from policies.core.redislink import RedisLink
 from proxy.config import parse_config
 from testkit.certs import TlsFiles, tls_files
@@ -57,12 +58,12 @@ def proxy_clients(node: Node) -> int:
     return sum(1 for line in text.splitlines() if " user=proxy " in f" {line} ")
 
 
-async def test_a_tls_links_warm_up_opens_every_connection_it_may_hold(
+async def test_a_tls_links_warm_up_opens_its_connection_with_one_context(
     tls_node: Node, tls_contexts_built: list[ssl.SSLContext]
 ) -> None:
     built = tls_contexts_built
-    # A second to open each connection, not 100 ms: what this checks is that every one opens
-    # and one context serves them all, not how fast a loaded machine does TLS handshakes.
+    # A second to open a connection, not 100 ms: what this checks is that it opens and one
+    # context serves the link, not how fast a loaded machine does TLS handshakes.
     url = f"rediss://127.0.0.1:{tls_node.port}/0"
     raw = {"url": url, "key_prefix": "tls-warm", "timeout": "1s"}
     parsed = parse_config({"redis": {**raw, **tls_node.access.config()}, **ROUTES}, {})
@@ -72,10 +73,19 @@ async def test_a_tls_links_warm_up_opens_every_connection_it_may_hold(
     try:
         assert await link.warm()
         assert link.up
-        # One context for all its connections (none if an earlier test built the same one).
+        # One context (none if an earlier test built the same one); commands share one
+        # pipelined connection.
         assert len(built) <= 1
-        assert proxy_clients(tls_node) == config.max_connections
+        assert proxy_clients(tls_node) == 1
         assert await link.ping()
+        # A large command takes a pooled connection of its own, with the same context (the
+        # CLIENT LIST above built one of its own).
+        before = len(built)
+        big = b"x" * (LARGE + 1)
+        assert await link.run(lambda r: r.set("tls-warm:big", big)) is True
+        assert await link.run(lambda r: r.get("tls-warm:big")) == big
+        assert len(built) == before
+        assert proxy_clients(tls_node) == 2
     finally:
         await link.client.aclose()
 

@@ -1,6 +1,7 @@
 """Where shared state lives (one Redis by URL, the master a Sentinel set names, or a cluster) and
 the redis-py client that reaches it: tight timeouts, one retry for a connection Redis dropped,
-never a resend after a timeout; the nodes in use, for metrics."""
+never a resend after a timeout, and (but on a cluster) commands pipelined on one connection
+(`redisline`); the nodes in use, for metrics."""
 
 from __future__ import annotations
 
@@ -17,6 +18,8 @@ from redis.asyncio.retry import Retry
 from redis.asyncio.sentinel import Sentinel, SentinelConnectionPool
 from redis.backoff import NoBackoff
 from redis.exceptions import ConnectionError as RedisConnectionError
+
+from policies.core.redisline import PipelinedRedis
 
 DEFAULT_URL: Final = "redis://127.0.0.1:6379/0"
 CLUSTER_SLOTS: Final = 16384
@@ -129,10 +132,16 @@ def connect(config: RedisConfig, timeout: float) -> Redis | RedisCluster:
             asked["password"] = s.password
         sentinels = [host_port(h, 26379) for h in s.hosts]
         manager = Sentinel(sentinels, sentinel_kwargs=asked, **common, **tls)  # type: ignore[no-untyped-call]  # redis-py: unannotated
-        master: Redis = manager.master_for(s.service, db=s.db)
+        master = manager.master_for(s.service, db=s.db, redis_class=PipelinedRedis)
+        assert isinstance(master, PipelinedRedis)
+        master.stalled_after = 3 * timeout  # the link's give-up time
         return master
     assert config.url is not None
-    return Redis.from_url(config.url, **common, **({k: v for k, v in tls.items() if k != "ssl"}))
+    options = {**common, **{k: v for k, v in tls.items() if k != "ssl"}}
+    client = PipelinedRedis.from_url(config.url, **options)
+    assert isinstance(client, PipelinedRedis)
+    client.stalled_after = 3 * timeout  # the link's give-up time
+    return client
 
 
 def _tls_options(tls: RedisTls | None) -> dict[str, Any]:

@@ -10,9 +10,11 @@ after its caller moved on. Scripts whose late run would do harm (taking a fetch 
 a breaker probe slot) take `not_after()` and refuse to act past it, on Redis's own clock.
 
 At most `max_connections` commands are in flight per process, so a burst of requests shares
-that many connections instead of opening one each: hundreds of connections opened at once would
-hold Redis's client slots, and their set-up, late on a busy loop, would time out and mark a
-healthy Redis down. `warm` opens them before the first request.
+connections instead of opening one each: hundreds of connections opened at once would hold
+Redis's client slots, and their set-up, late on a busy loop, would time out and mark a healthy
+Redis down. One server or a Sentinel master is reached through one pipelined connection
+(`redisline`); a cluster through up to `max_connections` to each master. `warm` opens them
+before the first request.
 """
 
 from __future__ import annotations
@@ -207,8 +209,9 @@ class RedisLink:
             try:
                 async with asyncio.timeout(max(0.0, deadline - SYSTEM_CLOCK.now())):
                     await self._measure_offset()
-                    # As many PINGs at once as connections allowed: each holds one open. One
-                    # refused (Redis's maxclients) leaves the others open, and Redis up.
+                    # As many PINGs at once as connections allowed: on a cluster each holds
+                    # one open (a pipelined client sends them on its one). One refused
+                    # (Redis's maxclients) leaves the others open, and Redis up.
                     answers = await asyncio.gather(
                         *(self.client.ping(**where) for _ in range(self.config.max_connections)),
                         return_exceptions=True,

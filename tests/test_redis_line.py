@@ -1,0 +1,145 @@
+"""The pipelined connection a URL's (or a Sentinel master's) commands share
+(policies/core/redisline.py), against a real redis-server: each caller gets its own reply in
+order, a caller that gives up costs nobody else theirs, a stalled or broken connection fails its
+own callers and the next command opens a new one."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+
+import pytest
+from redis.asyncio import Redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import ResponseError
+
+from policies.core.redisclient import RedisConfig, connect
+from policies.core.redisline import LARGE, PipelinedRedis
+from testkit.redisserver import RedisServer
+
+
+@pytest.fixture
+async def line(redis_server: RedisServer) -> AsyncIterator[PipelinedRedis]:
+    client = connect(RedisConfig(url=redis_server.url), 0.5)
+    assert isinstance(client, PipelinedRedis)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+@pytest.fixture
+async def other(redis_server: RedisServer) -> AsyncIterator[Redis]:
+    """A plain redis-py client beside the line, to pause Redis and to look at it."""
+    client = Redis.from_url(redis_server.url)
+    try:
+        yield client
+    finally:
+        await client.aclose()
+
+
+async def reads_processed(client: Redis) -> int:
+    return int((await client.info("stats"))["total_reads_processed"])
+
+
+async def test_a_burst_goes_out_in_one_write_and_each_caller_gets_its_own_reply(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    await other.mset({f"k{i}": f"v{i}" for i in range(50)})
+    await line.ping()  # open
+    before = await reads_processed(other)
+    found = await asyncio.gather(*(line.get(f"k{i}") for i in range(50)))
+    assert found == [f"v{i}".encode() for i in range(50)]
+    # redis-py's own client reads 50 commands in 50 reads of 16 connections; here Redis reads
+    # the burst from one connection in a read or two (`other` adds its own INFO).
+    assert await reads_processed(other) - before <= 4
+    listing = await other.client_list()
+    assert len(listing) == 2  # the line, and `other`
+
+
+async def test_an_error_reply_goes_to_its_own_caller_only(line: PipelinedRedis) -> None:
+    await line.hset("a-hash", "f", "1")
+    found = await asyncio.gather(
+        line.set("plain", "1"), line.incr("a-hash"), line.get("plain"), return_exceptions=True
+    )
+    assert found[0] is True  # SET's reply through redis-py's own callback
+    assert isinstance(found[1], ResponseError) and "WRONGTYPE" in str(found[1])
+    assert found[2] == b"1"
+
+
+async def test_a_caller_that_gives_up_costs_nobody_else_their_reply(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    await other.mset({"g1": "one", "g2": "two", "g3": "three"})
+    first_id = await line.client_id()
+    await other.execute_command("CLIENT", "PAUSE", "200", "ALL")
+    a = asyncio.ensure_future(line.get("g1"))
+    b = asyncio.ensure_future(line.get("g2"))
+    c = asyncio.ensure_future(line.get("g3"))
+    await asyncio.sleep(0.02)
+    b.cancel()
+    assert await a == b"one"
+    assert await c == b"three"
+    assert b.cancelled()
+    assert await line.get("g2") == b"two"  # g2's late reply was dropped, not handed on
+    assert await line.client_id() == first_id  # the same connection throughout
+
+
+async def test_a_stalled_line_fails_its_callers_and_the_next_command_opens_a_new_one(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    await other.set("s", "ok")
+    line.stalled_after = 0.05
+    first_id = await line.client_id()
+    await other.execute_command("CLIENT", "PAUSE", "400", "ALL")
+    stuck = asyncio.ensure_future(line.get("s"))
+    await asyncio.sleep(0.1)
+    assert not stuck.done()  # waiting on the paused Redis
+    fresh = asyncio.ensure_future(line.get("s"))
+    await asyncio.sleep(0)
+    await asyncio.sleep(0)
+    # Failed at once, long before the pause ends: its caller falls back, as after a timeout.
+    assert stuck.done()
+    with pytest.raises(RedisConnectionError):
+        stuck.result()
+    assert await fresh == b"ok"  # on a new connection, once Redis answers again
+    assert await line.client_id() != first_id
+
+
+async def test_a_large_command_takes_a_pooled_connection_of_its_own(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    big = b"y" * LARGE
+    await line.ping()
+    assert await line.set("big", big) is True
+    assert await line.get("big") == big  # a large reply is read on the line
+    listing = await other.client_list()
+    assert len(listing) == 3  # the line, the pooled connection, `other`
+    assert await line.set("small", "1") is True
+    assert len(await other.client_list()) == 3  # a small one does not
+
+
+async def test_a_server_gone_fails_the_waiting_callers_at_once_and_the_line_reopens() -> None:
+    server = RedisServer()
+    server.start()
+    line = connect(RedisConfig(url=server.url), 5.0)  # timeouts far past what this waits
+    pauser = Redis.from_url(server.url)
+    try:
+        await line.set("r", "1")
+        await pauser.execute_command("CLIENT", "PAUSE", "5000", "ALL")
+        waiting = [asyncio.ensure_future(line.get("r")) for _ in range(3)]
+        await asyncio.sleep(0.05)
+        server.stop()
+        done, _ = await asyncio.wait(waiting, timeout=2.0)
+        assert len(done) == 3
+        for task in waiting:
+            assert isinstance(task.exception(), RedisConnectionError)
+        with pytest.raises(RedisConnectionError):
+            await line.get("r")  # nobody listening: refused, not left waiting
+        server.start()  # on the same port
+        await line.set("r", "2")
+        assert await line.get("r") == b"2"
+    finally:
+        await line.aclose()
+        await pauser.aclose()
+        server.stop()
