@@ -6,6 +6,7 @@ own callers and the next command opens a new one."""
 from __future__ import annotations
 
 import asyncio
+import gc
 from collections.abc import AsyncIterator
 
 import pytest
@@ -143,3 +144,32 @@ async def test_a_server_gone_fails_the_waiting_callers_at_once_and_the_line_reop
         await line.aclose()
         await pauser.aclose()
         server.stop()
+
+
+async def test_a_connect_nobody_waits_for_any_more_fails_without_a_word(
+    redis_server: RedisServer,
+) -> None:
+    """A server that accepts and never answers the handshake: the caller gives up first; the
+    connect's failure, heard by nobody, must not reach asyncio's handler ("Task exception was
+    never retrieved", with its traceback, in the logs)."""
+    reported: list[dict[str, object]] = []
+    loop = asyncio.get_running_loop()
+    loop.set_exception_handler(lambda _loop, context: reported.append(context))
+    silent = await asyncio.start_server(lambda r, w: None, "127.0.0.1", 0)
+    port = silent.sockets[0].getsockname()[1]
+    line = connect(RedisConfig(url=f"redis://127.0.0.1:{port}/0"), 0.1)
+    try:
+        caller = asyncio.ensure_future(line.ping())
+        await asyncio.sleep(0.02)
+        caller.cancel()
+        await asyncio.sleep(0.3)  # the handshake's 100 ms read timeout has passed
+        line.connection_pool.connection_kwargs["port"] = redis_server.port
+        assert await line.ping() is True  # a new line, to a server that answers
+        del caller  # (its CancelledError's frames hold the old line)
+        gc.collect()
+        await asyncio.sleep(0)
+        assert reported == []
+    finally:
+        loop.set_exception_handler(None)
+        await line.aclose()
+        silent.close()

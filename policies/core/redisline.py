@@ -116,6 +116,8 @@ class _Line:
     async def _open(self) -> AbstractConnection:
         if self._opening is None:
             self._opening = asyncio.ensure_future(self._connect())
+            # Its callers may all have given up: nobody is left to hear how it failed.
+            self._opening.add_done_callback(_heard)
         # Shielded: callers that give up do not cancel the others' connect.
         return await asyncio.shield(self._opening)
 
@@ -195,3 +197,10 @@ class _Line:
             await asyncio.gather(reader, return_exceptions=True)
         elif self._opening is not None:
             await asyncio.gather(self._opening, return_exceptions=True)
+
+
+def _heard(task: asyncio.Task[AbstractConnection]) -> None:
+    """Mark a connect's failure as heard, so that asyncio does not log it as never retrieved
+    (its callers, if any, raised it already)."""
+    if not task.cancelled():
+        task.exception()
