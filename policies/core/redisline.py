@@ -3,16 +3,20 @@ commands requests issue in the same turn of the event loop go out in one write, 
 hands each reply to its caller in order. redis-py gives each command a pooled connection of its
 own, a write, a read under a timer and its bookkeeping: ~50 us of CPU a command, three times on
 a cache miss with Redis configured, which made such a miss cost twice one without Redis. On the
-line a command costs ~15 us. The connection is redis-py's own (its handshake, TLS, parser).
+line a command costs ~15 us. The connection is redis-py's own (its handshake, TLS, parser, and
+on Sentinel its lookup of the master).
 
 - A caller that stops waiting (a timeout, an agent gone) leaves its reply to be read and
   dropped: the order holds, and nobody else's call fails for it.
-- A line whose oldest command has waited past `stalled_after` (Redis stopped answering, or a
-  partition that sends no reset) is dropped at the next command, which opens a new one, as
-  redis-py drops a connection whose read timed out: no call queues behind a dead connection.
-  So is one whose unsent bytes pass `MAX_UNSENT` (Redis not reading).
-- A broken connection fails every command on it with redis-py's ConnectionError; the next
-  command opens a new one. Nothing is resent: a command that may have run is never run twice.
+- A line whose oldest command has waited past `stalled_after` (Redis stopped answering, a
+  partition that sends no reset, a reply of many megabytes, or this loop too busy to read) is
+  retired at the next command, which opens a new line: its callers keep waiting for their own
+  replies, each within its own timeout, and it closes once none is left. So no command queues
+  behind a dead connection, as none did on redis-py's pool, and a slow one fails nobody.
+- A connection that breaks (Redis restarted, CLIENT KILL, a Sentinel master demoted) fails
+  its callers, and each sends its command once more on a new line, as redis-py resends once on
+  a connection Redis dropped; never after a timeout. A line whose unsent bytes pass
+  `MAX_UNSENT` (Redis not reading) fails its callers without a resend.
 - A command of `LARGE` bytes or more (a big cache entry) takes redis-py's own pooled path, so
   its transfer does not hold the small ones up behind it.
 """
@@ -32,31 +36,37 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 LARGE: Final = 64 * 1024  # bytes of a command sent on a pooled connection of its own
-MAX_UNSENT: Final = 8 * 1024 * 1024  # bytes waiting for Redis to read before the line is dropped
+MAX_UNSENT: Final = 8 * 1024 * 1024  # bytes waiting for Redis to read before the line fails
 
 
 class PipelinedRedis(Redis):
     """A redis.asyncio client whose commands share one pipelined connection (`_Line`);
     everything else (pub/sub, large commands, NEVER_DECODE reads) uses its pool as usual."""
 
-    # Seconds a command may wait for its reply before the line counts as stalled (`connect`
-    # sets the link's own give-up time).
+    # Seconds a command may wait for its reply before its line is retired (`connect` sets the
+    # link's own give-up time).
     stalled_after = 0.3
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._line: _Line | None = None
 
+    def _current_line(self) -> _Line:
+        line = self._line
+        if line is not None and line.stalled():
+            line.retire()
+        if line is None or not line.open_for_commands:
+            line = self._line = _Line(self.connection_pool, self.stalled_after)
+        return line
+
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if NEVER_DECODE in options:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
-        line = self._line
-        if line is not None and line.stalled():
-            line.drop(RedisConnectionError("Redis stopped answering on this connection"))
-        if line is None or line.broken:
-            line = self._line = _Line(self.connection_pool, self.stalled_after)
         try:
-            reply = await line.call(args)
+            try:
+                reply = await self._current_line().call(args)
+            except _Broke:
+                reply = await self._current_line().call(args)  # once, on a new connection
         except _TooLarge:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
         except ResponseError:
@@ -82,11 +92,16 @@ class _TooLarge(Exception):
     """A command of LARGE bytes or more: not for the line."""
 
 
+class _Broke(RedisConnectionError):
+    """The connection broke under a command: it may be sent once more on a new line."""
+
+
 class _Line:
     def __init__(self, pool: ConnectionPool, stalled_after: float) -> None:
         self.pool = pool
         self.stalled_after = stalled_after
         self.broken = False
+        self.retiring = False  # takes no new commands; closes once none waits
         self.loop = asyncio.get_running_loop()
         self.conn: AbstractConnection | None = None
         self._opening: asyncio.Task[AbstractConnection] | None = None
@@ -95,10 +110,14 @@ class _Line:
         self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
         self._unsent: list[bytes] = []
 
+    @property
+    def open_for_commands(self) -> bool:
+        return not (self.broken or self.retiring)
+
     async def call(self, args: tuple[Any, ...]) -> Any:
         conn = self.conn or await self._open()
-        if self.broken:  # broke while this caller waited for it to open
-            raise RedisConnectionError("the Redis connection closed")
+        if self.broken:  # broke while this caller waited for it to open: nothing was sent
+            raise _Broke("the Redis connection closed")
         packed = conn.pack_command(*args)
         if sum(map(len, packed)) >= LARGE:
             raise _TooLarge
@@ -107,11 +126,24 @@ class _Line:
             self.loop.call_soon(self._flush)
         self._unsent += packed
         self._waiting.append((future, self.loop.time()))
-        return await future
+        try:
+            return await future
+        except asyncio.CancelledError:
+            if self.retiring:
+                self._close_if_idle()
+            raise
 
     def stalled(self) -> bool:
         """Whether its oldest command has waited past `stalled_after`."""
         return bool(self._waiting) and (self.loop.time() - self._waiting[0][1] > self.stalled_after)
+
+    def retire(self) -> None:
+        self.retiring = True
+        self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        if all(future.done() for future, _ in self._waiting):
+            self.drop(RedisConnectionError("the Redis connection was retired"))
 
     async def _open(self) -> AbstractConnection:
         if self._opening is None:
@@ -143,7 +175,7 @@ class _Line:
             return
         writer = conn._writer  # redis-py's StreamWriter; sending without a drain per command
         if writer is None:
-            self.drop(RedisConnectionError("the Redis connection closed"))
+            self.drop(_Broke("the Redis connection closed"))
             return
         writer.writelines(unsent)
         if writer.transport.get_write_buffer_size() > MAX_UNSENT:
@@ -159,28 +191,27 @@ class _Line:
                 if not self._waiting:
                     raise RedisConnectionError("Redis answered a command nobody sent")
                 future, _ = self._waiting.popleft()
-                if future.done():  # its caller gave up
-                    continue
-                if isinstance(reply, ResponseError):
-                    future.set_exception(reply)
-                else:
-                    future.set_result(reply)
+                if not future.done():  # else its caller gave up
+                    if isinstance(reply, ResponseError):
+                        future.set_exception(reply)
+                    else:
+                        future.set_result(reply)
+                if self.retiring and all(f.done() for f, _ in self._waiting):
+                    self.drop(RedisConnectionError("the Redis connection was retired"))
+                    return
         except asyncio.CancelledError:
-            self.drop(None)
+            self.drop(RedisConnectionError("the Redis connection closed"))
             raise
         except Exception as exc:  # the connection broke: its callers hear of it, nobody else
-            self.drop(exc)
+            self.drop(exc if isinstance(exc, _Broke) else _Broke(_describe(exc)))
         finally:
             await conn.disconnect(nowait=True)
 
-    def drop(self, exc: Exception | None) -> None:
-        """Fail every command on the line; the reader closes the connection."""
+    def drop(self, exc: RedisConnectionError) -> None:
+        """Fail every command on the line with `exc`; the reader closes the connection."""
         if self.broken and not self._waiting:
             return
         self.broken = True
-        if not isinstance(exc, RedisConnectionError):
-            why = f": {type(exc).__name__}: {exc}" if exc is not None else ""
-            exc = RedisConnectionError(f"the Redis connection closed{why}")
         waiting, self._waiting = self._waiting, collections.deque()
         self._unsent = []
         for future, _ in waiting:
@@ -197,6 +228,12 @@ class _Line:
             await asyncio.gather(reader, return_exceptions=True)
         elif self._opening is not None:
             await asyncio.gather(self._opening, return_exceptions=True)
+
+
+def _describe(exc: Exception) -> str:
+    if isinstance(exc, RedisConnectionError):
+        return str(exc)
+    return f"the Redis connection closed: {type(exc).__name__}: {exc}"
 
 
 def _heard(task: asyncio.Task[AbstractConnection]) -> None:
