@@ -17,7 +17,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from policies.core.redisclient import RedisConfig, connect
-from policies.core.redisline import LARGE, PipelinedRedis
+from policies.core.redisline import LARGE, RETIRED_FOR, ConnectionDropped, PipelinedRedis
 from testkit.redisserver import RedisServer
 
 
@@ -117,7 +117,7 @@ async def test_a_retired_line_closes_as_soon_as_its_last_caller_gives_up(
     await line.ping()
     retired = line._line
     assert retired is not None
-    await other.execute_command("CLIENT", "PAUSE", "500", "ALL")
+    await other.execute_command("CLIENT", "PAUSE", "300", "ALL")
     stuck = asyncio.ensure_future(line.get("s"))
     await asyncio.sleep(0.1)
     fresh = asyncio.ensure_future(line.get("s"))
@@ -171,8 +171,8 @@ async def test_a_line_that_broke_while_a_caller_waited_for_it_to_open_sends_on_a
     await asyncio.sleep(0)  # it waits on the connect
     opening = line._line._opening if line._line is not None else None
     assert opening is not None and not opening.done()
-    # Broken after the connect finished and before the waiting caller resumes.
-    broken = RedisConnectionError("broken under it")
+    # Its socket broke after the connect finished and before the waiting caller resumes.
+    broken = ConnectionDropped("broken under it")
     opening.add_done_callback(lambda _: line._line.drop(broken) if line._line else None)
     assert await asyncio.wait_for(waiting, 2.0) == b"ok"
 
@@ -243,3 +243,89 @@ async def test_a_connect_nobody_waits_for_any_more_fails_without_a_word(
         loop.set_exception_handler(None)
         await line.aclose()
         silent.close()
+
+
+async def test_a_line_closed_under_a_caller_waiting_to_open_is_not_sent_again(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    """Closed by the client (its first, synchronous step), not by a broken socket: the
+    caller gets the error, and no new line opens behind the closing client's back."""
+    await line.set("w", "ok")
+    await line.aclose()
+    waiting = asyncio.ensure_future(line.get("w"))
+    await asyncio.sleep(0)  # it waits on the connect
+    opened = line._line
+    assert opened is not None and opened._opening is not None
+    closed = RedisConnectionError("the Redis client closed")
+    opened._opening.add_done_callback(lambda _: opened.drop(closed))
+    with pytest.raises(RedisConnectionError) as raised:
+        await asyncio.wait_for(waiting, 2.0)
+    assert not isinstance(raised.value, ConnectionDropped)  # not sent again
+    assert line._line is opened  # no new line
+    await asyncio.sleep(0.05)  # its reader closes the connection
+    assert line._lines == set()
+    assert len(await other.client_list()) == 1  # `other` alone
+
+
+async def test_a_reply_that_cannot_be_read_fails_the_line_without_a_resend(
+    redis_server: RedisServer, other: Redis
+) -> None:
+    """The commands behind an unreadable reply may have run: they are not sent again."""
+    decoding = PipelinedRedis.from_url(redis_server.url, decode_responses=True)
+    await other.set("bad", b"\xff\xfe")
+    try:
+        await decoding.ping()
+        found = await asyncio.gather(
+            decoding.get("bad"), decoding.incr("ctr"), return_exceptions=True
+        )
+        assert all(type(f) is RedisConnectionError for f in found), found
+        assert await other.get("ctr") == b"1"  # INCR ran once
+    finally:
+        await decoding.aclose()
+
+
+async def test_closing_the_client_closes_its_retired_lines_too(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    await other.set("s", "ok")
+    line.stalled_after = 0.05
+    await line.ping()
+    retired = line._line
+    assert retired is not None
+    await other.execute_command("CLIENT", "PAUSE", "300", "ALL")
+    stuck = asyncio.ensure_future(line.get("s"))
+    await asyncio.sleep(0.1)
+    fresh = asyncio.ensure_future(line.get("s"))
+    await asyncio.sleep(0)
+    assert retired.retiring and not retired.broken
+    await line.aclose()
+    assert retired.broken and line._lines == set()
+    for task in (stuck, fresh):
+        with pytest.raises(RedisConnectionError):
+            await task
+
+
+async def test_a_retired_line_gives_up_on_its_callers_after_a_while(
+    redis_server: RedisServer, other: Redis
+) -> None:
+    """A caller with no timeout of its own (the link's callers all have one) is not left
+    waiting on a retired line for ever: RETIRED_FOR stalled_after's after it retired."""
+    line = connect(RedisConfig(url=redis_server.url), 2.0)  # a handshake outlasts the pause
+    assert isinstance(line, PipelinedRedis)
+    try:
+        await other.set("s", "ok")
+        line.stalled_after = 0.05
+        await line.ping()
+        await other.execute_command("CLIENT", "PAUSE", "1000", "ALL")
+        stuck = asyncio.ensure_future(line.get("s"))
+        await asyncio.sleep(0.1)
+        fresh = asyncio.ensure_future(line.get("s"))  # retires the line
+        retired_at = asyncio.get_running_loop().time()
+        with pytest.raises(RedisConnectionError) as raised:
+            await stuck
+        assert not isinstance(raised.value, ConnectionDropped)  # not sent again
+        waited = asyncio.get_running_loop().time() - retired_at
+        assert RETIRED_FOR * 0.05 * 0.9 <= waited < 0.9  # before the pause ends
+        assert await fresh == b"ok"
+    finally:
+        await line.aclose()

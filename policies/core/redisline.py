@@ -11,12 +11,14 @@ on Sentinel its lookup of the master).
 - A line whose oldest command has waited past `stalled_after` (Redis stopped answering, a
   partition that sends no reset, a reply of many megabytes, or this loop too busy to read) is
   retired at the next command, which opens a new line: its callers keep waiting for their own
-  replies, each within its own timeout, and it closes once none is left. So no command queues
-  behind a dead connection, as none did on redis-py's pool, and a slow one fails nobody.
-- A connection that breaks (Redis restarted, CLIENT KILL, a Sentinel master demoted) fails
-  its callers, and each sends its command once more on a new line, as redis-py resends once on
-  a connection Redis dropped; never after a timeout. A line whose unsent bytes pass
-  `MAX_UNSENT` (Redis not reading) fails its callers without a resend.
+  replies, each within its own timeout, and it closes once none is left, or `RETIRED_FOR`
+  stalled_after's later at most. So no command queues behind a dead connection, as none did
+  on redis-py's pool, and a slow one fails nobody.
+- A connection whose socket breaks (Redis restarted, CLIENT KILL, a Sentinel master demoted)
+  fails its callers with `ConnectionDropped`, and each sends its command once more on a new
+  line, as redis-py resends once on a connection Redis dropped; never after a timeout. A reply
+  that cannot be read (the ones after it may have run), a line whose unsent bytes pass
+  `MAX_UNSENT` (Redis not reading) and a client closing fail their callers without a resend.
 - A command of `LARGE` bytes or more (a big cache entry) takes redis-py's own pooled path, so
   its transfer does not hold the small ones up behind it.
 """
@@ -37,6 +39,7 @@ from redis.exceptions import ResponseError
 
 LARGE: Final = 64 * 1024  # bytes of a command sent on a pooled connection of its own
 MAX_UNSENT: Final = 8 * 1024 * 1024  # bytes waiting for Redis to read before the line fails
+RETIRED_FOR: Final = 10  # stalled_after's a retired line may wait for its replies
 
 
 class PipelinedRedis(Redis):
@@ -50,13 +53,14 @@ class PipelinedRedis(Redis):
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._line: _Line | None = None
+        self._lines: set[_Line] = set()  # the current one and those retired, until closed
 
     def _current_line(self) -> _Line:
         line = self._line
         if line is not None and line.stalled():
             line.retire()
         if line is None or not line.open_for_commands:
-            line = self._line = _Line(self.connection_pool, self.stalled_after)
+            line = self._line = _Line(self.connection_pool, self.stalled_after, self._lines)
         return line
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
@@ -65,7 +69,7 @@ class PipelinedRedis(Redis):
         try:
             try:
                 reply = await self._current_line().call(args)
-            except _Broke:
+            except ConnectionDropped:
                 reply = await self._current_line().call(args)  # once, on a new connection
         except _TooLarge:
             return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
@@ -82,9 +86,8 @@ class PipelinedRedis(Redis):
         return await value if inspect.isawaitable(value) else value
 
     async def aclose(self, close_connection_pool: bool | None = None) -> None:
-        line, self._line = self._line, None
-        if line is not None:
-            await line.close()
+        self._line = None
+        await asyncio.gather(*(line.close() for line in list(self._lines)))
         await super().aclose(close_connection_pool)
 
 
@@ -92,15 +95,19 @@ class _TooLarge(Exception):
     """A command of LARGE bytes or more: not for the line."""
 
 
-class _Broke(RedisConnectionError):
-    """The connection broke under a command: it may be sent once more on a new line."""
+class ConnectionDropped(RedisConnectionError):
+    """The connection broke under a command (redis-py's ConnectionError from the socket): it
+    may be sent once more on a new line."""
 
 
 class _Line:
-    def __init__(self, pool: ConnectionPool, stalled_after: float) -> None:
+    def __init__(self, pool: ConnectionPool, stalled_after: float, live: set[_Line]) -> None:
         self.pool = pool
         self.stalled_after = stalled_after
+        self.live = live  # the client's lines: this one is in it until it closes
+        live.add(self)
         self.broken = False
+        self.why: RedisConnectionError | None = None  # what broke it
         self.retiring = False  # takes no new commands; closes once none waits
         self.loop = asyncio.get_running_loop()
         self.conn: AbstractConnection | None = None
@@ -117,7 +124,10 @@ class _Line:
     async def call(self, args: tuple[Any, ...]) -> Any:
         conn = self.conn or await self._open()
         if self.broken:  # broke while this caller waited for it to open: nothing was sent
-            raise _Broke("the Redis connection closed")
+            why = self.why
+            if isinstance(why, ConnectionDropped):
+                raise ConnectionDropped(str(why))
+            raise RedisConnectionError(str(why) if why else "the Redis connection closed")
         packed = conn.pack_command(*args)
         if sum(map(len, packed)) >= LARGE:
             raise _TooLarge
@@ -140,6 +150,13 @@ class _Line:
     def retire(self) -> None:
         self.retiring = True
         self._close_if_idle()
+        if not self.broken:
+            # A backstop for callers without a timeout of their own: the link's have all
+            # given up by then.
+            self.loop.call_later(RETIRED_FOR * self.stalled_after, self._expire)
+
+    def _expire(self) -> None:
+        self.drop(RedisConnectionError("Redis did not answer on a retired connection"))
 
     def _close_if_idle(self) -> None:
         if all(future.done() for future, _ in self._waiting):
@@ -159,9 +176,11 @@ class _Line:
             await conn.connect()  # type: ignore[no-untyped-call]  # redis-py: unannotated
         except BaseException:
             self.broken = True
+            self.live.discard(self)
             await conn.disconnect(nowait=True)
             raise
         if self.broken:  # closed while it connected
+            self.live.discard(self)
             await conn.disconnect(nowait=True)
             raise RedisConnectionError("the Redis connection closed")
         self.conn = conn
@@ -175,7 +194,7 @@ class _Line:
             return
         writer = conn._writer  # redis-py's StreamWriter; sending without a drain per command
         if writer is None:
-            self.drop(_Broke("the Redis connection closed"))
+            self.drop(ConnectionDropped("the Redis connection closed"))
             return
         writer.writelines(unsent)
         if writer.transport.get_write_buffer_size() > MAX_UNSENT:
@@ -202,9 +221,14 @@ class _Line:
         except asyncio.CancelledError:
             self.drop(RedisConnectionError("the Redis connection closed"))
             raise
-        except Exception as exc:  # the connection broke: its callers hear of it, nobody else
-            self.drop(exc if isinstance(exc, _Broke) else _Broke(_describe(exc)))
+        except RedisConnectionError as exc:  # the socket broke (redis-py wraps OSError so)
+            self.drop(ConnectionDropped(str(exc) or "the Redis connection closed"))
+        except Exception as exc:  # a reply it could not read: the ones after it may have run
+            self.drop(
+                RedisConnectionError(f"a reply from Redis could not be read: {_describe(exc)}")
+            )
         finally:
+            self.live.discard(self)
             await conn.disconnect(nowait=True)
 
     def drop(self, exc: RedisConnectionError) -> None:
@@ -212,6 +236,7 @@ class _Line:
         if self.broken and not self._waiting:
             return
         self.broken = True
+        self.why = exc
         waiting, self._waiting = self._waiting, collections.deque()
         self._unsent = []
         for future, _ in waiting:
@@ -223,6 +248,7 @@ class _Line:
 
     async def close(self) -> None:
         self.drop(RedisConnectionError("the Redis client closed"))
+        self.live.discard(self)
         reader = self._reader
         if reader is not None:
             await asyncio.gather(reader, return_exceptions=True)
@@ -231,9 +257,7 @@ class _Line:
 
 
 def _describe(exc: Exception) -> str:
-    if isinstance(exc, RedisConnectionError):
-        return str(exc)
-    return f"the Redis connection closed: {type(exc).__name__}: {exc}"
+    return f"{type(exc).__name__}: {exc}"
 
 
 def _heard(task: asyncio.Task[AbstractConnection]) -> None:
