@@ -9,6 +9,7 @@ import asyncio
 import gc
 import time
 from collections.abc import AsyncIterator
+from typing import Any
 
 import pytest
 from redis import Redis as SyncRedis
@@ -17,7 +18,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from policies.core.redisclient import RedisConfig, connect
-from policies.core.redisline import LARGE, RETIRED_FOR, ConnectionDropped, PipelinedRedis
+from policies.core.redisline import LARGE, RETIRED_FOR, ConnectionDropped, PipelinedRedis, _Line
 from testkit.redisserver import RedisServer
 
 
@@ -43,6 +44,25 @@ async def other(redis_server: RedisServer) -> AsyncIterator[Redis]:
 
 async def reads_processed(client: Redis) -> int:
     return int((await client.info("stats"))["total_reads_processed"])
+
+
+async def retire_with_a_caller_waiting(
+    line: PipelinedRedis, other: Redis
+) -> tuple[_Line, asyncio.Future[Any], asyncio.Future[Any]]:
+    """Redis paused for 300 ms; a GET stuck on the line past its stalled_after (50 ms); a
+    second GET, which retires the line and opens a new one: (the retired line, the stuck GET,
+    the second GET)."""
+    await other.set("s", "ok")
+    line.stalled_after = 0.05
+    await line.ping()
+    retired = line._line
+    assert retired is not None
+    await other.execute_command("CLIENT", "PAUSE", "300", "ALL")
+    stuck = asyncio.ensure_future(line.get("s"))
+    await asyncio.sleep(0.1)
+    fresh = asyncio.ensure_future(line.get("s"))
+    await asyncio.sleep(0)
+    return retired, stuck, fresh
 
 
 async def test_a_burst_goes_out_in_one_write_and_each_caller_gets_its_own_reply(
@@ -112,16 +132,7 @@ async def test_a_stalled_line_is_retired_its_callers_wait_and_the_next_command_o
 async def test_a_retired_line_closes_as_soon_as_its_last_caller_gives_up(
     line: PipelinedRedis, other: Redis
 ) -> None:
-    await other.set("s", "ok")
-    line.stalled_after = 0.05
-    await line.ping()
-    retired = line._line
-    assert retired is not None
-    await other.execute_command("CLIENT", "PAUSE", "300", "ALL")
-    stuck = asyncio.ensure_future(line.get("s"))
-    await asyncio.sleep(0.1)
-    fresh = asyncio.ensure_future(line.get("s"))
-    await asyncio.sleep(0)
+    retired, stuck, fresh = await retire_with_a_caller_waiting(line, other)
     assert retired.retiring and not retired.broken  # its caller still waits
     stuck.cancel()  # as its timeout would
     reader = retired._reader
@@ -287,16 +298,7 @@ async def test_a_reply_that_cannot_be_read_fails_the_line_without_a_resend(
 async def test_closing_the_client_closes_its_retired_lines_too(
     line: PipelinedRedis, other: Redis
 ) -> None:
-    await other.set("s", "ok")
-    line.stalled_after = 0.05
-    await line.ping()
-    retired = line._line
-    assert retired is not None
-    await other.execute_command("CLIENT", "PAUSE", "300", "ALL")
-    stuck = asyncio.ensure_future(line.get("s"))
-    await asyncio.sleep(0.1)
-    fresh = asyncio.ensure_future(line.get("s"))
-    await asyncio.sleep(0)
+    retired, stuck, fresh = await retire_with_a_caller_waiting(line, other)
     assert retired.retiring and not retired.broken
     await line.aclose()
     assert retired.broken and line._lines == set()
