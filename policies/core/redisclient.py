@@ -93,6 +93,11 @@ def host_port(address: str, default_port: int) -> tuple[str, int]:
     return parts.hostname, parts.port or default_port
 
 
+def gives_up_after(timeout: float) -> float:
+    """Seconds a caller waits on Redis before it moves on, for a link of `timeout`."""
+    return 3 * timeout
+
+
 class _Cluster(RedisCluster):
     """A cluster client that retries only a dropped connection: redis-py also resends after a
     timeout and waits out a CLUSTERDOWN, and a command sent twice may run twice."""
@@ -134,13 +139,13 @@ def connect(config: RedisConfig, timeout: float) -> Redis | RedisCluster:
         manager = Sentinel(sentinels, sentinel_kwargs=asked, **common, **tls)  # type: ignore[no-untyped-call]  # redis-py: unannotated
         master = manager.master_for(s.service, db=s.db, redis_class=PipelinedRedis)
         assert isinstance(master, PipelinedRedis)
-        master.stalled_after = 3 * timeout  # the link's give-up time
+        master.stalled_after = gives_up_after(timeout)
         return master
     assert config.url is not None
     options = {**common, **{k: v for k, v in tls.items() if k != "ssl"}}
     client = PipelinedRedis.from_url(config.url, **options)
     assert isinstance(client, PipelinedRedis)
-    client.stalled_after = 3 * timeout  # the link's give-up time
+    client.stalled_after = gives_up_after(timeout)
     return client
 
 

@@ -35,7 +35,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.events import Events, NullEvents
-from policies.core.redisclient import RedisConfig, connect, nodes_in_use
+from policies.core.redisclient import RedisConfig, connect, gives_up_after, nodes_in_use
 
 T = TypeVar("T")
 log = structlog.get_logger("search_proxy.redis")
@@ -143,7 +143,7 @@ class RedisLink:
     @property
     def gives_up_after(self) -> float:
         """Seconds `run` waits for an answer before its caller moves on."""
-        return self.timeout * 3
+        return gives_up_after(self.timeout)
 
     def not_after(self) -> int:
         """Redis-clock milliseconds past which a command sent now has no caller waiting for it
