@@ -14,11 +14,21 @@ from typing import Any
 import pytest
 from redis import Redis as SyncRedis
 from redis.asyncio import Redis
+from redis.asyncio.connection import Connection
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
+from policies.core.outcome import Outcome
 from policies.core.redisclient import RedisConfig, connect
-from policies.core.redisline import LARGE, RETIRED_FOR, ConnectionDropped, PipelinedRedis, _Line
+from policies.core.redisline import (
+    LARGE,
+    RETIRED_FOR,
+    ConnectionDropped,
+    LineScript,
+    PipelinedRedis,
+    _Line,
+    pack,
+)
 from testkit.redisserver import RedisServer
 
 
@@ -331,3 +341,62 @@ async def test_a_retired_line_gives_up_on_its_callers_after_a_while(
         assert await fresh == b"ok"
     finally:
         await line.aclose()
+
+
+# --- packing and scripts: what the line writes is what redis-py would have written ------------
+
+PACKED_LIKE_REDIS_PY: list[tuple[Any, ...]] = [
+    ("GET", "k"),
+    ("SET", "k", "", "PX", 5000, "NX"),
+    ("EVALSHA", "a" * 40, 2, "p:cache:{r:ab}", "p:cache-lock:{r:ab}", 1733150000.125, "tok", 0),
+    ("SET", "naïve ключ 検索", b"\x00\xff raw bytes\r\n", -17, 10**30, 1e-07, float("inf")),
+    ("EVALSHA", "b" * 40, 0, 3.0, -0.0, 123456789012345678),
+]
+
+
+@pytest.mark.parametrize("args", PACKED_LIKE_REDIS_PY)
+@pytest.mark.parametrize(("encoding", "errors"), [("utf-8", "strict"), ("latin-1", "replace")])
+def test_a_command_is_packed_byte_for_byte_as_redis_py_packs_it(
+    args: tuple[Any, ...], encoding: str, errors: str
+) -> None:
+    theirs = Connection(encoding=encoding, encoding_errors=errors).pack_command(*args)
+    assert pack(args, encoding, errors) == b"".join(theirs)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ("SCRIPT LOAD", "return 1"),  # two words: redis-py sends them as two arguments
+        ("GET", memoryview(b"k")),
+        ("GET", bytearray(b"k")),
+        ("SET", "k", True),  # redis-py refuses it
+        ("SET", "k", Outcome.OK),  # a str subclass: redis-py's encoder decides
+        (b"GET", "k"),
+    ],
+)
+def test_anything_else_is_left_to_redis_py(args: tuple[Any, ...]) -> None:
+    assert pack(args, "utf-8", "strict") is None
+
+
+async def test_a_script_runs_on_the_line_and_is_loaded_again_after_redis_forgot_it(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    script = line.register_script("return {KEYS[1], ARGV[1], redis.call('INCR', KEYS[1])}")
+    assert isinstance(script, LineScript)
+    assert await script(keys=["n"], args=["x"]) == [b"n", b"x", 1]
+    await other.script_flush()
+    # NOSCRIPT: loaded again and sent once more, and the INCR ran once for the two sends.
+    assert await script(keys=["n"], args=["y"], client=line) == [b"n", b"y", 2]
+    listing = await other.client_list()
+    assert len(listing) == 2  # the line and `other`: no pooled connection was taken
+
+
+async def test_a_script_given_another_client_runs_on_that_client(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    script = line.register_script("return redis.call('INCR', KEYS[1])")
+    async with other.pipeline(transaction=False) as pipe:
+        await script(keys=["p"], client=pipe)
+        await script(keys=["p"], client=pipe)
+        assert await pipe.execute() == [1, 2]
+    assert await script(keys=["p"], client=other) == 3
