@@ -378,6 +378,14 @@ def test_anything_else_is_left_to_redis_py(args: tuple[Any, ...]) -> None:
     assert pack(args, "utf-8", "strict") is None
 
 
+@pytest.mark.parametrize("value", [b"x" * LARGE, "x" * LARGE, b"x" * (LARGE // 2)])
+def test_a_large_command_is_left_to_redis_py_which_sends_its_value_as_it_is(value: Any) -> None:
+    # Two halves reach LARGE together: redis-py then sends each value as a chunk of its own.
+    args = ("SET", "k", value) if len(value) == LARGE else ("MSET", "a", value, "b", value)
+    assert pack(args, "utf-8", "strict") is None
+    assert pack(args[:2], "utf-8", "strict") is not None
+
+
 async def test_a_script_runs_on_the_line_and_is_loaded_again_after_redis_forgot_it(
     line: PipelinedRedis, other: Redis
 ) -> None:
@@ -400,3 +408,12 @@ async def test_a_script_given_another_client_runs_on_that_client(
         await script(keys=["p"], client=pipe)
         assert await pipe.execute() == [1, 2]
     assert await script(keys=["p"], client=other) == 3
+
+
+async def test_a_script_sends_the_same_arguments_again_after_redis_forgot_it(
+    line: PipelinedRedis, other: Redis
+) -> None:
+    script = line.register_script("return {#KEYS, unpack(ARGV)}")
+    await other.script_flush()
+    # An iterator is read once: the second send (after NOSCRIPT) carries what the first did.
+    assert await script(keys=iter(["k"]), args=(a for a in ["g1", "g2"])) == [1, b"g1", b"g2"]

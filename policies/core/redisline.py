@@ -107,24 +107,29 @@ class LineScript(AsyncScript):
         if client is not None and client is not self.registered_client:
             return await super().__call__(keys, args, client)
         run = self.registered_client.execute_command
-        keys = keys or ()
+        # Read once, as redis-py does: `args` may be an iterator, and a retry sends the same.
+        keys = tuple(keys) if keys else ()
+        sent = (len(keys), *keys, *(args or ()))
         try:
-            return await run("EVALSHA", self.sha, len(keys), *keys, *(args or ()))
+            return await run("EVALSHA", self.sha, *sent)
         except NoScriptError:  # Redis restarted, or SCRIPT FLUSH: load it and send it again
             self.sha = await self.registered_client.script_load(self.script)
-            return await run("EVALSHA", self.sha, len(keys), *keys, *(args or ()))
+            return await run("EVALSHA", self.sha, *sent)
 
 
 def pack(args: tuple[Any, ...], encoding: str, errors: str) -> bytes | None:
     """The command in Redis's protocol, byte for byte what redis-py's `pack_command` writes,
     when its name is one word and its arguments are str, bytes, int or float (every command sent
     here); None for anything else, which redis-py packs. Its packing (an encoder call and three
-    joins an argument) was a tenth of a Redis command's CPU."""
+    joins an argument) was a tenth of a Redis command's CPU. None too once the command reaches
+    LARGE bytes: redis-py sends a large value as a chunk of its own, where one buffer would copy
+    it twice."""
     name = args[0]
     if type(name) is not str or not name.isalpha():  # 'SCRIPT LOAD': redis-py splits the words
         return None
     word = name.encode()
     parts = [b"*%d\r\n$%d\r\n%b\r\n" % (len(args), len(word), word)]
+    size = 0
     for arg in args[1:]:
         kind = type(arg)
         if kind is str:
@@ -136,6 +141,9 @@ def pack(args: tuple[Any, ...], encoding: str, errors: str) -> bytes | None:
         elif kind is float:
             data = repr(arg).encode()
         else:  # memoryview, bytearray, bool (refused), an int subclass ...
+            return None
+        size += len(data)
+        if size >= LARGE:
             return None
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(parts)
