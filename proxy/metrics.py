@@ -339,8 +339,8 @@ class Metrics:
         )
         self.redis_busy_commands = Counter(
             "search_proxy_redis_busy",
-            "Redis commands that waited for a free connection (redis.max_connections in flight) "
-            "past the timeout and used in-process state instead.",
+            "Redis commands that waited for a connection of their own (redis.max_connections "
+            "busy) past the timeout and used in-process state instead.",
             registry=r,
         )
         self.degraded_time = _OpenTime()

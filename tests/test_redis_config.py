@@ -19,6 +19,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from policies.core.events import NullEvents
 from policies.core.redisclient import RedisConfig, connect, nodes_in_use
+from policies.core.redisline import LARGE, PipelinedRedis
 from policies.core.redislink import UNAVAILABLE, RedisLink
 from proxy import cli
 from proxy.config import REDACTED, ConfigError, as_document, parse_config, redacted, secret_values
@@ -254,29 +255,49 @@ async def test_a_burst_shares_the_one_connection_opened_at_start(redis_server: R
         await link.close()
 
 
-async def test_with_every_connection_busy_a_command_goes_in_process_and_redis_stays_up(
+async def test_commands_on_the_pipelined_connection_need_none_of_the_max_connections(
     redis_server: RedisServer,
 ) -> None:
     events = Busy()
     link = RedisLink(RedisConfig(url=redis_server.url, max_connections=1), "t", events=events)
     try:
         assert await link.warm() is True
-        # A command holding the one connection until told (within the link's 300 ms for a
-        # command); the second waits its 100 ms for a connection, then is told to go in-process.
         release = asyncio.Event()
 
         async def hold(r: Redis) -> Any:
             await release.wait()
             return await r.incr("held")
 
-        held = asyncio.ensure_future(link.run(hold))
+        # More commands in flight than max_connections: none waits for another.
+        held = [asyncio.ensure_future(link.run(hold)) for _ in range(3)]
         await asyncio.sleep(0)
-        assert await link.run(lambda r: r.ping()) is UNAVAILABLE
-        assert events.busy == 1
-        assert link.up  # busy here is not down there: nothing else degrades
-        release.set()
-        assert await held == 1  # the holder ran to its end
         assert await link.run(lambda r: r.ping()) is True
+        release.set()
+        assert sorted(await asyncio.gather(*held)) == [1, 2, 3]
+        assert events.busy == 0
+    finally:
+        await link.close()
+
+
+async def test_with_every_pooled_connection_busy_a_large_command_goes_in_process_redis_up(
+    redis_server: RedisServer,
+) -> None:
+    events = Busy()
+    link = RedisLink(RedisConfig(url=redis_server.url, max_connections=1), "t", events=events)
+    large = b"x" * LARGE
+    try:
+        assert await link.warm() is True
+        client = link.client
+        assert isinstance(client, PipelinedRedis) and client.pooled_slot is not None
+        async with client.pooled_slot():  # as a large command in flight holds it
+            # The next large command waits its 100 ms for the one pooled connection, then is
+            # told to go in-process; small ones on the pipelined connection go on meanwhile.
+            assert await link.run(lambda r: r.set("big", large)) is UNAVAILABLE
+            assert events.busy == 1
+            assert await link.run(lambda r: r.get("absent")) is None
+            assert link.up  # busy here is not down there: nothing else degrades
+        assert await link.run(lambda r: r.set("big", large)) is True
+        assert await link.run(lambda r: r.strlen("big")) == LARGE
         assert events.busy == 1
     finally:
         await link.close()

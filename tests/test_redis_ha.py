@@ -15,7 +15,10 @@ from typing import Any
 
 import pytest
 
+from policies.core.events import NullEvents
+from policies.core.redislink import UNAVAILABLE, RedisLink
 from proxy.app import STATE
+from proxy.config import parse_config
 from testkit.certs import tls_files
 from testkit.fakevendor import FakeVendor, Fault
 from testkit.redisha import Access, ClusterSet, SentinelSet
@@ -153,6 +156,50 @@ async def test_a_trip_in_one_replica_holds_the_other(
     calls = vendor.count()
     assert [await refuses(b) for _ in range(5)] == [True] * 5
     assert vendor.count() == calls
+
+
+async def test_max_connections_bounds_a_clusters_commands_and_not_a_pipelined_masters(
+    topology: Topology,
+) -> None:
+    """A cluster command holds a connection of its own for its time: with one allowed, a second
+    waits its 100 ms and goes in-process (Redis not marked down). A Sentinel master's commands
+    share its pipelined connection: none waits for another."""
+    routes = {"t": route("https://api.tavily.com", "/t")}
+    config = parse_config(
+        {"redis": topology.redis() | {"max_connections": 1}, "routes": routes}, {}
+    )
+    assert config.redis is not None
+    events = Busy()
+    link = RedisLink(config.redis, config.redis.key_prefix, timeout=0.1, events=events)
+    counter = link.key("{held}")  # within the ACL user's keys; one cluster slot
+    try:
+        assert await link.warm(within=10.0) is True
+        release = asyncio.Event()
+
+        async def hold(r: Any) -> Any:
+            await release.wait()
+            return await r.incr(counter)
+
+        held = asyncio.ensure_future(link.run(hold))
+        await asyncio.sleep(0)
+        second = await link.run(lambda r: r.incr(counter))
+        release.set()
+        first = await held
+        if topology.name == "cluster":
+            assert (second, first, events.busy) == (UNAVAILABLE, 1, 1)
+        else:
+            assert (second, first, events.busy) == (1, 2, 0)
+        assert link.up
+    finally:
+        await link.close()
+
+
+class Busy(NullEvents):
+    def __init__(self) -> None:
+        self.busy = 0
+
+    def redis_busy(self) -> None:
+        self.busy += 1
 
 
 async def test_killing_the_master_under_load_fails_nothing_and_sharing_resumes(

@@ -29,6 +29,8 @@ import asyncio
 import collections
 import inspect
 import math
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
 from typing import Any, Final
 
 from redis.asyncio import Redis
@@ -50,6 +52,9 @@ class PipelinedRedis(Redis):
     # Seconds a command may wait for its reply before its line is retired (`connect` sets the
     # link's own give-up time).
     stalled_after = 0.3
+    # Where a command taking a pooled connection gets its turn (the link's bound on them):
+    # raises PoolBusy when none came.
+    pooled_slot: Callable[[], AbstractAsyncContextManager[None]] | None = None
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
@@ -66,14 +71,14 @@ class PipelinedRedis(Redis):
 
     async def execute_command(self, *args: Any, **options: Any) -> Any:
         if NEVER_DECODE in options:
-            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+            return await self._pooled(args, options)
         try:
             try:
                 reply = await self._current_line().call(args)
             except ConnectionDropped:
                 reply = await self._current_line().call(args)  # once, on a new connection
         except _TooLarge:
-            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+            return await self._pooled(args, options)
         except ResponseError:
             if EMPTY_RESPONSE in options:
                 return options[EMPTY_RESPONSE]
@@ -85,6 +90,13 @@ class PipelinedRedis(Redis):
             return reply
         value = callback(reply, **options)
         return await value if inspect.isawaitable(value) else value
+
+    async def _pooled(self, args: tuple[Any, ...], options: dict[str, Any]) -> Any:
+        """redis-py's own way: a pooled connection for the command."""
+        if self.pooled_slot is None:
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
+        async with self.pooled_slot():
+            return await super().execute_command(*args, **options)  # type: ignore[no-untyped-call]  # redis-py: unannotated
 
     def register_script(self, script: str | bytes) -> AsyncScript:  # type: ignore[override]  # redis-py annotates `self` as a union of its clients
         return LineScript(self, script)
@@ -147,6 +159,10 @@ def pack(args: tuple[Any, ...], encoding: str, errors: str) -> bytes | None:
             return None
         parts.append(b"$%d\r\n%b\r\n" % (len(data), data))
     return b"".join(parts)
+
+
+class PoolBusy(Exception):
+    """Every pooled connection stayed busy: this process is busy, not Redis down."""
 
 
 class _TooLarge(Exception):

@@ -9,12 +9,14 @@ A command that timed out may still sit in a stalled Redis's input buffer and run
 after its caller moved on. Scripts whose late run would do harm (taking a fetch lock, a token,
 a breaker probe slot) take `not_after()` and refuse to act past it, on Redis's own clock.
 
-At most `max_connections` commands are in flight per process, so a burst of requests shares
-connections instead of opening one each: hundreds of connections opened at once would hold
-Redis's client slots, and their set-up, late on a busy loop, would time out and mark a healthy
-Redis down. One server or a Sentinel master is reached through one pipelined connection
-(`redisline`); a cluster through up to `max_connections` to each master. `warm` opens them
-before the first request.
+One server or a Sentinel master is reached through one pipelined connection (`redisline`),
+which carries every command under 64 KiB however many are in flight; a cluster through up to
+`max_connections` connections to each master, one command on each at a time. Commands that need
+a connection of their own (on a cluster, every one; else a large cache entry) share
+`max_connections` of them per process, so a burst of requests shares connections instead of
+opening one each: hundreds of connections opened at once would hold Redis's client slots, and
+their set-up, late on a busy loop, would time out and mark a healthy Redis down. `warm` opens
+them before the first request.
 """
 
 from __future__ import annotations
@@ -22,7 +24,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import enum
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Final, TypeVar
 
@@ -36,6 +38,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.events import Events, NullEvents
 from policies.core.redisclient import RedisConfig, connect, gives_up_after, nodes_in_use
+from policies.core.redisline import PipelinedRedis, PoolBusy
 
 T = TypeVar("T")
 log = structlog.get_logger("search_proxy.redis")
@@ -116,6 +119,11 @@ class RedisLink:
         self._nodes: tuple[tuple[str, str], ...] = ()
         self._nodes_at = -_NODES_MAX_AGE
         self._slots = asyncio.Semaphore(self.config.max_connections)
+        # On the pipelined connection a command holds no connection of its own, and so no slot:
+        # only its large commands, which take a pooled one, do (`_pooled_slot`).
+        self._pipelined = isinstance(self.client, PipelinedRedis)
+        if isinstance(self.client, PipelinedRedis):
+            self.client.pooled_slot = self._pooled_slot
 
     @property
     def publish_command(self) -> str:
@@ -160,11 +168,12 @@ class RedisLink:
 
     async def run(self, op: Callable[[Any], Awaitable[T]]) -> T | _Unavailable:
         """Run `op` against Redis, or return UNAVAILABLE at once when Redis is down, or when
-        every connection stayed busy for the link's timeout (this process is busy: Redis is
-        not marked down for it)."""
+        a command that needed a connection of its own found every one busy for the link's
+        timeout (this process is busy: Redis is not marked down for it)."""
         if not self.usable():
             return UNAVAILABLE
-        if not await self._take_slot():
+        slotted = not self._pipelined
+        if slotted and not await self._take_slot():
             self.events.redis_busy()
             return UNAVAILABLE
         try:
@@ -177,13 +186,28 @@ class RedisLink:
                 if self._offset is None or SYSTEM_CLOCK.now() - self._offset_at > OFFSET_MAX_AGE:
                     await self._measure_offset()
                 value = await op(self.client)
+        except PoolBusy:
+            self.events.redis_busy()
+            return UNAVAILABLE
         except REDIS_FAILURES as exc:
             self.mark_down(exc)
             return UNAVAILABLE
         finally:
-            self._slots.release()
+            if slotted:
+                self._slots.release()
         self.mark_up()
         return value
+
+    @contextlib.asynccontextmanager
+    async def _pooled_slot(self) -> AsyncIterator[None]:
+        """A slot for a pipelined client's command on a pooled connection; PoolBusy when none
+        came free within the link's timeout."""
+        if not await self._take_slot():
+            raise PoolBusy
+        try:
+            yield
+        finally:
+            self._slots.release()
 
     async def _take_slot(self) -> bool:
         """One of the `max_connections` slots, waiting up to the link's timeout while all are
@@ -278,7 +302,8 @@ class RedisLink:
     async def ping(self) -> bool:
         """A direct reachability check (readiness), not gated by the down interval. With every
         connection busy for the link's timeout, Redis is answering them: the state known."""
-        if not await self._take_slot():
+        slotted = not self._pipelined
+        if slotted and not await self._take_slot():
             return self._up
         try:
             async with asyncio.timeout(self.gives_up_after):
@@ -287,7 +312,8 @@ class RedisLink:
             self.mark_down(exc)
             return False
         finally:
-            self._slots.release()
+            if slotted:
+                self._slots.release()
         self.mark_up()
         return True
 
