@@ -9,11 +9,14 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from policies.core.clock import Clock
 from policies.core.errors import QuotaExceeded
-from policies.core.redislink import LATE, UNAVAILABLE, RedisLink
+from policies.core.shared import LATE, UNAVAILABLE
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 DAY = 86_400
 

@@ -11,7 +11,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Literal, Protocol, TypeAlias
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias
 
 import structlog
 
@@ -21,7 +21,6 @@ from policies.core.errors import RateLimited, seconds_text
 from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.profile import VendorProfile
-from policies.core.redislink import LATE, UNAVAILABLE, RedisLink
 from policies.core.section import Build, Link, Section, plain
 from policies.core.settings import (
     one_of,
@@ -32,7 +31,11 @@ from policies.core.settings import (
     text,
     whole_in,
 )
+from policies.core.shared import LATE, UNAVAILABLE
 from policies.profiles import ratelimit_hint
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 log = structlog.get_logger("search_proxy.ratelimit")
 

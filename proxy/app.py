@@ -23,7 +23,6 @@ from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.credentials import is_credential_name
 from policies.core.errors import ProxyError
 from policies.core.flow import CallBudget, Flow
-from policies.core.redislink import RedisLink
 from proxy import __version__
 from proxy.access import request_id, route_fields
 from proxy.bodies import inflated, read_body
@@ -446,6 +445,8 @@ async def _lifecycle(app: web.Application) -> AsyncIterator[None]:
     metrics = state.metrics
     metrics.redis_is_configured(state.config.redis is not None)
     if state.config.redis is not None:
+        from policies.core.redislink import RedisLink  # redis-py: loaded only when configured
+
         rc = state.config.redis
         state.redis = RedisLink(
             rc, rc.key_prefix, timeout=rc.timeout, events=metrics, clock=state.clock

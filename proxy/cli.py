@@ -20,7 +20,6 @@ from pathlib import Path
 import structlog
 import yaml
 from aiohttp import web
-from redis.utils import HIREDIS_AVAILABLE
 
 from proxy import __version__
 from proxy.app import STATE, build_admin_app, build_app
@@ -295,6 +294,8 @@ def _listening(config: Config, config_path: str | None, digest: str) -> dict[str
         "watch_config": config.server.watch_config and config_path is not None,
     }
     if config.redis:  # redis-py reads replies with hiredis (C, the `fast` extra) when installed
+        from redis.utils import HIREDIS_AVAILABLE
+
         said["redis_parser"] = "hiredis" if HIREDIS_AVAILABLE else "python"
     return said
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -14,7 +14,6 @@ from policies.cache import CacheConfig, request_directives
 from policies.core.clock import Clock
 from policies.core.errors import BadRequest, ProxyError, seconds_text
 from policies.core.flow import CallBudget
-from policies.core.redislink import RedisLink
 from policies.fetch import (
     PAGE_FORMATS,
     Asking,
@@ -37,6 +36,9 @@ from proxy.errors import NotFound
 from proxy.fetch_openapi import fetch_schemas, with_fetch
 from proxy.metrics import Metrics
 from proxy.pipeline import Route, as_provider
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 FIELDS = ("urls", "format", "max_chars", "providers")
 # Names agents try that are not ours, and the field they mean.

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import orjson
 import structlog
@@ -16,7 +16,6 @@ from policies import ratelimit
 from policies.breaker import Breaker
 from policies.core.clock import Clock
 from policies.core.kept import Kept
-from policies.core.redislink import RedisLink
 from policies.quota import DailyQuota, QuotaStore, quota_store
 from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate, keyless_routes
@@ -29,6 +28,9 @@ from proxy.outbound import VendorPool
 from proxy.pipeline import Deps, Route, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 log = structlog.get_logger("search_proxy")
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 from urllib.parse import urlencode
 
 from multidict import CIMultiDict
@@ -24,7 +24,6 @@ from policies.core.credentials import empty_credential
 from policies.core.flow import Classifier, Flow, Handler, Policy, compose, status_outcome
 from policies.core.kept import Kept
 from policies.core.profile import VendorProfile
-from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
 from policies.core.section import Build, Provider, SideRequest
 from policies.keypool import KeyPool
@@ -35,6 +34,9 @@ from proxy.keys import injected_key
 from proxy.metrics import Metrics, RouteMetrics
 from proxy.outbound import VendorPool
 from proxy.replay import Replays, replays_for
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 
 @dataclass

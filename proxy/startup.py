@@ -3,8 +3,9 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from policies.core.clock import SYSTEM_CLOCK
-from policies.core.redislink import RedisLink
 from policies.quota import DailyQuota, MemoryQuotas
 from proxy.admin import Admin, admin_token
 from proxy.clients import ClientGate
@@ -14,6 +15,9 @@ from proxy.outbound import VendorPool
 from proxy.pipeline import Deps, build_route
 from proxy.routing import Router
 from proxy.search_api import SearchApi
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 
 async def check_startup(config: Config, *, whole: bool = True) -> None:
@@ -35,6 +39,8 @@ async def check_startup(config: Config, *, whole: bool = True) -> None:
             errors.append(exc)
     redis: RedisLink | None = None
     if config.redis is not None:
+        from policies.core.redislink import RedisLink  # redis-py: loaded only when configured
+
         try:  # the client parses its URL's options here; it connects only on the first command
             redis = RedisLink(config.redis, config.redis.key_prefix, timeout=config.redis.timeout)
         except ValueError as exc:

@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from aiohttp import web
 
 from policies.core.clock import Clock
 from policies.core.memory import MemoryBudget
-from policies.core.redislink import RedisLink
 from proxy.admin import Admin
 from proxy.clients import ClientGate
 from proxy.config import Config
@@ -25,6 +25,9 @@ from proxy.routing import Router
 from proxy.search_api import SearchApi
 from proxy.series import Series
 from proxy.status import Pulse
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 _NO_SECRETS = EchoGuard(())
 

@@ -231,3 +231,45 @@ async def test_the_first_mcp_call_leaves_the_loop_serving_while_the_mcp_package_
     # Measured: 316-389 answered, the longest wait 17 ms, during a first call of 606-815 ms;
     # 6-7 answered, the longest wait the whole import (517-635 ms), when it loaded on the loop.
     assert len(waits) >= 10 and max(waits) < took / 2, (len(waits), max(waits), took)
+
+
+def mapped_files(pid: int) -> str:
+    with open(f"/proc/{pid}/maps") as maps:
+        return maps.read()
+
+
+async def test_redis_py_loads_only_when_redis_is_configured(vendor, redis_server):
+    """redis-py and what it imports cost a process ~7 MiB: a proxy with in-process state (the
+    shipped config, `make run`) never loads it, even serving a route with every shared policy;
+    one with Redis does, and its C parser (hiredis, a shared object mapped into the process:
+    what is seen from outside) with it."""
+    policies = {
+        "cache": {"ttl": "1m"},
+        "breaker": {"fail_max": 3, "reset_timeout": "10s"},
+        "rate_limit": {"rate": "100/s", "burst": 10},
+    }
+    routes = {"tavily": route(f"{vendor.url}/tavily", "/tavily", **policies)}
+    seen = {}
+    for name, config in (
+        ("in-process", {"routes": routes}),
+        ("redis", {"routes": routes, "redis": {"url": redis_server.url}}),
+    ):
+        proxy = ProxyProcess(config)
+        await asyncio.to_thread(proxy.start, 20.0)
+        try:
+            async with aiohttp.ClientSession() as http:
+                for _ in range(2):  # a miss and a hit
+                    async with http.post(f"{proxy.url}/tavily/search", json={"query": "q"}) as r:
+                        assert r.status == 200
+            assert proxy.proc is not None
+            seen[name] = "hiredis" in mapped_files(proxy.proc.pid)
+        finally:
+            proxy.stop()
+    shipped = ProxyProcess(None, config_path=str(ROOT / "config.yaml"))
+    await asyncio.to_thread(shipped.start, 20.0)
+    try:
+        assert shipped.proc is not None
+        seen["shipped"] = "hiredis" in mapped_files(shipped.proc.pid)
+    finally:
+        shipped.stop()
+    assert seen == {"in-process": False, "redis": True, "shipped": False}

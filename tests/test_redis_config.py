@@ -18,7 +18,8 @@ from redis.exceptions import RedisClusterException
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from policies.core.events import NullEvents
-from policies.core.redisclient import RedisConfig, connect, nodes_in_use
+from policies.core.redisclient import connect, nodes_in_use
+from policies.core.redisconfig import RedisConfig
 from policies.core.redisline import LARGE, PipelinedRedis
 from policies.core.redislink import UNAVAILABLE, RedisLink
 from proxy import cli

@@ -19,7 +19,8 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import ResponseError
 
 from policies.core.outcome import Outcome
-from policies.core.redisclient import RedisConfig, connect
+from policies.core.redisclient import connect
+from policies.core.redisconfig import RedisConfig
 from policies.core.redisline import (
     LARGE,
     RETIRED_FOR,

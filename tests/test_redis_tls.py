@@ -20,7 +20,8 @@ from redis.asyncio.cluster import RedisCluster
 from redis.asyncio.connection import AbstractConnection, SSLConnection
 from redis.asyncio.sentinel import SentinelConnectionPool
 
-from policies.core.redisclient import ClusterNodes, RedisConfig, RedisTls, SentinelService, connect
+from policies.core.redisclient import connect
+from policies.core.redisconfig import ClusterNodes, RedisConfig, RedisTls, SentinelService
 from policies.core.redisline import LARGE
 from policies.core.redislink import RedisLink
 from proxy.config import parse_config

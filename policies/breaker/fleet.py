@@ -8,7 +8,7 @@ import contextlib
 import itertools
 import secrets
 from collections.abc import Callable
-from typing import Final, NamedTuple
+from typing import TYPE_CHECKING, Final, NamedTuple
 
 import structlog
 
@@ -16,13 +16,10 @@ from policies.breaker.config import RECORD_TTL
 from policies.breaker.machine import Change, Circuit
 from policies.breaker.snapshot import Snapshot, parse_snapshot, snapshot_from_hash
 from policies.core.clock import Clock
-from policies.core.redislink import (
-    LATE,
-    LATE_GUARD_LUA,
-    REDIS_FAILURES,
-    UNAVAILABLE,
-    RedisLink,
-)
+from policies.core.shared import LATE, LATE_GUARD_LUA, UNAVAILABLE
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 log = structlog.get_logger("search_proxy.breaker")
 
@@ -147,6 +144,8 @@ class RedisBreakerState:
 
         Sets `ready` once the first subscription attempt has ended, whether or not Redis is up.
         """
+        from policies.core.redislink import REDIS_FAILURES  # a link exists: redis-py is loaded
+
         subscription = self._link.subscription(self.channel)
         lost = False
         try:

@@ -7,9 +7,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Final, Literal
 
-import pybreaker
-
 from policies.breaker.config import BreakerConfig
+from policies.breaker.library import pybreaker
 from policies.breaker.snapshot import CLOSED, HALF_OPEN, MAX_LEVEL, OPEN, Snapshot
 from policies.breaker.storage import CircuitStorage
 

@@ -7,6 +7,7 @@ import asyncio
 import secrets
 from contextvars import ContextVar
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from policies.breaker.admission import Admission, Ticket, Waiters
 from policies.breaker.config import SECTION, BreakerConfig, ProbeConfig, vendor_probe
@@ -20,8 +21,10 @@ from policies.core.errors import VendorFailure
 from policies.core.events import Events, NullEvents
 from policies.core.flow import Flow, Handler, Reply
 from policies.core.outcome import Outcome
-from policies.core.redislink import RedisLink
 from policies.core.section import Build, Link, SideRequest
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 # The breaker and epoch that admitted the request running in this context: `halts_retries` is
 # asked from inside the request (the retry loop), and only a probe may retry while half-open.

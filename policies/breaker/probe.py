@@ -7,6 +7,7 @@ import asyncio
 import itertools
 import secrets
 from collections.abc import Awaitable, Callable
+from typing import TYPE_CHECKING
 
 import structlog
 
@@ -16,7 +17,10 @@ from policies.breaker.snapshot import CLOSED
 from policies.core.clock import Clock
 from policies.core.errors import ProxyError
 from policies.core.events import Events
-from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.shared import UNAVAILABLE
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 log = structlog.get_logger("search_proxy.breaker")
 

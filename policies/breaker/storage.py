@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-import pybreaker
+from policies.breaker.library import pybreaker
 
 
 class CircuitStorage(pybreaker.CircuitBreakerStorage):

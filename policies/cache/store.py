@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 from collections import OrderedDict
-from typing import Any, Final, NamedTuple, Protocol
+from typing import TYPE_CHECKING, Any, Final, NamedTuple, Protocol
 
 import structlog
 
@@ -13,7 +13,10 @@ from policies.cache.config import CacheConfig
 from policies.cache.entry import Entry
 from policies.cache.lock import NO_LEASE, Found, LockAsk, LockState, LockStore, Poll
 from policies.core.clock import SYSTEM_CLOCK, Clock
-from policies.core.redislink import LATE, LATE_GUARD_LUA, UNAVAILABLE, RedisLink
+from policies.core.shared import LATE, LATE_GUARD_LUA, UNAVAILABLE
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 log = structlog.get_logger("search_proxy.cache")
 

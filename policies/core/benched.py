@@ -5,9 +5,13 @@ The hot path reads memory; Redis is asked at most once a second per name."""
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from policies.core.clock import Clock
-from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.shared import UNAVAILABLE
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 # How often a replica asks Redis whether another replica benched a name.
 REFRESH_S = 1.0

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import enum
 from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 from typing import Any, Final, TypeVar
@@ -37,26 +36,14 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from policies.core.clock import SYSTEM_CLOCK, Clock
 from policies.core.events import Events, NullEvents
-from policies.core.redisclient import RedisConfig, connect, gives_up_after, nodes_in_use
+from policies.core.redisclient import connect, nodes_in_use
+from policies.core.redisconfig import RedisConfig, gives_up_after
 from policies.core.redisline import PipelinedRedis, PoolBusy
+from policies.core.shared import UNAVAILABLE, Unavailable
 
 T = TypeVar("T")
 log = structlog.get_logger("search_proxy.redis")
 
-
-class _Unavailable(enum.Enum):
-    """Returned instead of a value when Redis could not be used; callers fall back.
-
-    An enum member, so `if value is UNAVAILABLE: return` narrows the type for the checker.
-    """
-
-    UNAVAILABLE = "UNAVAILABLE"
-
-    def __repr__(self) -> str:
-        return "UNAVAILABLE"
-
-
-UNAVAILABLE: Final = _Unavailable.UNAVAILABLE
 
 # What "Redis could not be used" looks like: redis-py's errors, its cluster client's own (a
 # slot no node serves during a failover is not a RedisError), sockets and timeouts.
@@ -66,21 +53,6 @@ REDIS_FAILURES: Final = (RedisError, RedisClusterException, OSError, TimeoutErro
 OFFSET_MAX_AGE = 60.0
 # Slack on `not_after` for the offset's own error (half a round trip when it was measured).
 _LATE_MARGIN = 0.05
-
-# A script's answer meaning "not done: past not_after, the caller has given up". A caller that
-# still receives it was not late: the clock offset is wrong (`resync`).
-LATE: Final = -1
-
-# The Lua lines that end a script with LATE once Redis's clock is past ARGV[i] (ms; 0 = unknown).
-LATE_GUARD_LUA: Final = """
-local function too_late(not_after)
-  local limit = tonumber(not_after)
-  if limit == nil or limit <= 0 then return false end
-  local t = redis.call('TIME')
-  return tonumber(t[1]) * 1000 + tonumber(t[2]) / 1000 > limit
-end
-"""
-
 
 _SCAN_PAGE = 500  # keys a SCAN page asks for: small enough to stay within the link's timeout
 # How often the link looks again at which nodes it talks to (a failover moves them).
@@ -166,7 +138,7 @@ class RedisLink:
         caller that was still waiting)."""
         self._offset = None
 
-    async def run(self, op: Callable[[Any], Awaitable[T]]) -> T | _Unavailable:
+    async def run(self, op: Callable[[Any], Awaitable[T]]) -> T | Unavailable:
         """Run `op` against Redis, or return UNAVAILABLE at once when Redis is down, or when
         a command that needed a connection of its own found every one busy for the link's
         timeout (this process is busy: Redis is not marked down for it)."""
@@ -321,7 +293,7 @@ class RedisLink:
         """Messages published on `channel` (sharded on a cluster)."""
         return Subscription(self, channel)
 
-    async def unlink_matching(self, pattern: str) -> int | _Unavailable:
+    async def unlink_matching(self, pattern: str) -> int | Unavailable:
         """Remove every key matching `pattern` (SCAN, page by page, on every master), each page
         within the link's timeout; the count removed, or UNAVAILABLE if Redis stopped answering."""
         removed = 0

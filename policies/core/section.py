@@ -11,16 +11,18 @@ from __future__ import annotations
 from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, fields, is_dataclass
 from enum import Enum
-from typing import Any, Generic, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 from policies.core.clock import Clock
 from policies.core.events import Events
 from policies.core.flow import Classifier, Handler, Policy
 from policies.core.kept import Kept
 from policies.core.profile import VendorProfile
-from policies.core.redislink import RedisLink
 from policies.core.route import RouteConfig
 from policies.core.settings import ConfigError
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 C = TypeVar("C")
 T = TypeVar("T")

@@ -6,14 +6,17 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import orjson
 
 from policies.cache import CacheConfig, CacheStore, Entry, Freshness, build_store, freshness
 from policies.core.clock import Clock
 from policies.core.events import Events
-from policies.core.redislink import RedisLink
 from policies.fetch.pages import PAGE_FORMATS, Page, PageFormat, canonical_url
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 # The cache's route label and key prefix: no route can be named so (names start [a-z0-9]), so
 # neither a route's entries nor its `DELETE /admin/cache/<route>` can meet the pages'.

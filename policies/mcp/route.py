@@ -7,7 +7,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from multidict import CIMultiDict
@@ -26,7 +26,6 @@ from policies.core.errors import (
 from policies.core.flow import Flow, Handler, Policy, Reply, compose
 from policies.core.memory import Hold, holding, parse_cost
 from policies.core.outcome import Outcome
-from policies.core.redislink import RedisLink
 from policies.mcp.config import McpConfig
 from policies.mcp.lifecycle import SessionLifecycle
 from policies.mcp.messages import (
@@ -47,6 +46,9 @@ from policies.mcp.messages import (
 )
 from policies.mcp.offline import OfflineSessions
 from policies.mcp.sessions import SessionOwners
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 log = structlog.get_logger("search_proxy.mcp")
 

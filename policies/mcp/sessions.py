@@ -7,10 +7,13 @@ from __future__ import annotations
 import hashlib
 import math
 from collections import OrderedDict
-from typing import Generic, TypeVar
+from typing import TYPE_CHECKING, Generic, TypeVar
 
 from policies.core.clock import Clock
-from policies.core.redislink import UNAVAILABLE, RedisLink
+from policies.core.shared import UNAVAILABLE
+
+if TYPE_CHECKING:  # the link loads redis-py: imported where Redis is configured
+    from policies.core.redislink import RedisLink
 
 V = TypeVar("V")
 

@@ -8,7 +8,7 @@ profiles (`profiles`), the whole document (`document`) and writing it back (`sho
 policy's section is parsed by the policy's own module (policies/chain.py lists them).
 """
 
-from policies.core.redisclient import RedisConfig
+from policies.core.redisconfig import RedisConfig
 from policies.core.route import HeaderRules, RouteConfig, Timeouts
 from policies.core.settings import (
     ConfigError,

@@ -12,7 +12,7 @@ from types import MappingProxyType
 from typing import Any
 
 from policies import faults, keypool, ratelimit, search
-from policies.core.redisclient import RedisConfig
+from policies.core.redisconfig import RedisConfig
 from policies.core.route import HeaderRules, RouteConfig
 from policies.core.settings import Collector, ConfigError, ConfigErrors, Parser, any_keys, join
 from policies.profiles import BUILTIN_PROFILES

@@ -11,7 +11,7 @@ from typing import Any
 from urllib.parse import urlsplit
 
 from policies.core.profile import VendorProfile
-from policies.core.redisclient import (
+from policies.core.redisconfig import (
     DEFAULT_URL,
     ClusterNodes,
     RedisConfig,
