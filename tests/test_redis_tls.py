@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import ssl
 import tempfile
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -145,3 +147,27 @@ def test_every_topologys_tls_connections_share_one_context() -> None:
     assert isinstance(a, SSLConnection) and isinstance(b, SSLConnection)
     assert a.ssl_context.get() is b.ssl_context.get()
     assert id(a.ssl_context.get()) not in contexts
+
+
+async def test_closing_a_link_to_a_frozen_redis_ends_without_an_error(tls_node: Node) -> None:
+    """A TLS connection's close waits for the server's close_notify, which a frozen Redis
+    (SIGSTOP, a partition) never sends: redis-py gives up after its timeout with an error. The
+    proxy's shutdown closes its link then, and must neither fail nor wait on it for long."""
+    url = f"rediss://127.0.0.1:{tls_node.port}/0"
+    raw = {"url": url, "key_prefix": "tls-frozen", "timeout": "1s"}
+    parsed = parse_config({"redis": {**raw, **tls_node.access.config()}, **ROUTES}, {})
+    config = parsed.redis
+    assert config is not None
+    link = RedisLink(config, config.key_prefix, timeout=config.timeout)
+    assert await link.warm()
+    big = b"x" * (LARGE + 1)  # a pooled connection: closed waiting for the server's answer
+    assert await link.run(lambda r: r.set("tls-frozen:big", big)) is True
+    assert tls_node.child is not None
+    pid = tls_node.child.proc.pid
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        started = time.monotonic()
+        await link.close()
+        assert time.monotonic() - started < 3 * config.timeout
+    finally:
+        os.kill(pid, signal.SIGCONT)
