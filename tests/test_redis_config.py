@@ -20,7 +20,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from policies.core.events import NullEvents
 from policies.core.redisclient import connect, nodes_in_use
 from policies.core.redisconfig import RedisConfig
-from policies.core.redisline import LARGE, PipelinedRedis
+from policies.core.redisline import LARGE, MAX_CARRIED, PipelinedRedis
 from policies.core.redislink import UNAVAILABLE, RedisLink
 from proxy import cli
 from proxy.config import REDACTED, ConfigError, as_document, parse_config, redacted, secret_values
@@ -300,6 +300,33 @@ async def test_with_every_pooled_connection_busy_a_large_command_goes_in_process
         assert await link.run(lambda r: r.set("big", large)) is True
         assert await link.run(lambda r: r.strlen("big")) == LARGE
         assert events.busy == 1
+    finally:
+        await link.close()
+
+
+async def test_a_burst_of_medium_commands_spills_onto_pooled_connections_and_redis_stays_up(
+    redis_server: RedisServer,
+) -> None:
+    """400 commands of 60 KB at once (a burst of misses storing medium answers), each small
+    enough for the pipelined connection: past MAX_CARRIED bytes on it the rest take pooled
+    connections, as large ones do, rather than pile 24 MB up behind it until it fails them all
+    and marks Redis down."""
+    events = Busy()
+    link = RedisLink(RedisConfig(url=redis_server.url), "t", events=events)
+    value = b"v" * 60_000
+    try:
+        assert await link.warm() is True
+        found = await asyncio.gather(
+            *(link.run(lambda r, i=i: r.set(f"m{i}", value)) for i in range(400))
+        )
+        assert link.up
+        # Each was stored, or waited its 100 ms for a pooled connection and went in-process.
+        assert found.count(True) + found.count(UNAVAILABLE) == 400
+        assert found.count(UNAVAILABLE) == events.busy
+        assert found.count(True) >= MAX_CARRIED // len(value)
+        stored = [i for i, ok in enumerate(found) if ok is True]
+        lengths = await link.run(lambda r: asyncio.gather(*(r.strlen(f"m{i}") for i in stored)))
+        assert lengths == [len(value)] * len(stored)
     finally:
         await link.close()
 

@@ -3,7 +3,9 @@ for a storage of its own that the proxy never uses (circuits are shared through 
 policies/breaker/fleet.py), and redis-py with its imports costs a process ~7 MiB. A proxy
 without Redis should not pay that, so pybreaker is imported with redis-py marked missing (a
 None in sys.modules: import raises ModuleNotFoundError, which pybreaker expects), unless it is
-loaded already; the mark goes at once, so a later `import redis` works as usual."""
+loaded already; the mark goes at once, so a later `import redis` works as usual. The mark is
+the process's: this runs at the proxy's import, before it starts any thread (a program that
+embeds it imports redis-py on another thread at that moment at its own risk)."""
 
 from __future__ import annotations
 

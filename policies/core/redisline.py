@@ -20,7 +20,10 @@ on Sentinel its lookup of the master).
   that cannot be read (the ones after it may have run), a line whose unsent bytes pass
   `MAX_UNSENT` (Redis not reading) and a client closing fail their callers without a resend.
 - A command of `LARGE` bytes or more (a big cache entry) takes redis-py's own pooled path, so
-  its transfer does not hold the small ones up behind it.
+  its transfer does not hold the small ones up behind it; so does any command while the line
+  carries `MAX_CARRIED` bytes of commands not yet answered (a burst of medium cache entries):
+  the pooled path's connections are bounded (the link's `max_connections`), and a burst past
+  them waits or goes in-process, where the line would pass `MAX_UNSENT` and fail everyone.
 """
 
 from __future__ import annotations
@@ -42,6 +45,10 @@ from redis.exceptions import NoScriptError, ResponseError
 
 LARGE: Final = 64 * 1024  # bytes of a command sent on a pooled connection of its own
 MAX_UNSENT: Final = 8 * 1024 * 1024  # bytes waiting for Redis to read before the line fails
+# Bytes of commands a line carries at once (sent and not answered yet, or not sent): what 16
+# commands just under LARGE make, the most the link let out before the line had no bound of
+# its own. A few thousand small commands fit.
+MAX_CARRIED: Final = 16 * LARGE
 RETIRED_FOR: Final = 10  # stalled_after's a retired line may wait for its replies
 
 
@@ -166,7 +173,8 @@ class PoolBusy(Exception):
 
 
 class _TooLarge(Exception):
-    """A command of LARGE bytes or more: not for the line."""
+    """Not for the line: a command of LARGE bytes or more, or one that would take the line past
+    MAX_CARRIED."""
 
 
 class ConnectionDropped(RedisConnectionError):
@@ -188,7 +196,10 @@ class _Line:
         self._opening: asyncio.Task[AbstractConnection] | None = None
         self._reader: asyncio.Task[None] | None = None
         # Callers in the order their commands were written, with when each was queued.
-        self._waiting: collections.deque[tuple[asyncio.Future[Any], float]] = collections.deque()
+        self._waiting: collections.deque[tuple[asyncio.Future[Any], float, int]] = (
+            collections.deque()
+        )
+        self._carried = 0  # bytes of the commands in `_waiting`
         self._unsent: list[bytes] = []
         encoder = pool.get_encoder()  # type: ignore[no-untyped-call]  # redis-py: unannotated
         self._encoding: str = encoder.encoding
@@ -207,13 +218,15 @@ class _Line:
             raise RedisConnectionError(str(why) if why else "the Redis connection closed")
         command = pack(args, self._encoding, self._errors)
         packed = [command] if command is not None else conn.pack_command(*args)
-        if sum(map(len, packed)) >= LARGE:
+        size = sum(map(len, packed))
+        if size >= LARGE or self._carried + size > MAX_CARRIED:
             raise _TooLarge
         future: asyncio.Future[Any] = self.loop.create_future()
         if not self._unsent:
             self.loop.call_soon(self._flush)
         self._unsent += packed
-        self._waiting.append((future, self.loop.time()))
+        self._waiting.append((future, self.loop.time(), size))
+        self._carried += size
         try:
             return await future
         except asyncio.CancelledError:
@@ -237,7 +250,7 @@ class _Line:
         self.drop(RedisConnectionError("Redis did not answer on a retired connection"))
 
     def _close_if_idle(self) -> None:
-        if all(future.done() for future, _ in self._waiting):
+        if all(future.done() for future, _, _ in self._waiting):
             self.drop(RedisConnectionError("the Redis connection was retired"))
 
     async def _open(self) -> AbstractConnection:
@@ -287,13 +300,14 @@ class _Line:
                     reply = exc
                 if not self._waiting:
                     raise RedisConnectionError("Redis answered a command nobody sent")
-                future, _ = self._waiting.popleft()
+                future, _, size = self._waiting.popleft()
+                self._carried -= size
                 if not future.done():  # else its caller gave up
                     if isinstance(reply, ResponseError):
                         future.set_exception(reply)
                     else:
                         future.set_result(reply)
-                if self.retiring and all(f.done() for f, _ in self._waiting):
+                if self.retiring and all(f.done() for f, _, _ in self._waiting):
                     self.drop(RedisConnectionError("the Redis connection was retired"))
                     return
         except asyncio.CancelledError:
@@ -316,8 +330,9 @@ class _Line:
         self.broken = True
         self.why = exc
         waiting, self._waiting = self._waiting, collections.deque()
+        self._carried = 0
         self._unsent = []
-        for future, _ in waiting:
+        for future, _, _ in waiting:
             if not future.done():
                 future.set_exception(exc)
         reader = self._reader
