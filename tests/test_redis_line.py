@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import os
+import signal
 import time
 from collections.abc import AsyncIterator
 from typing import Any
@@ -23,6 +25,7 @@ from policies.core.redisclient import connect
 from policies.core.redisconfig import RedisConfig
 from policies.core.redisline import (
     LARGE,
+    MAX_CARRIED,
     RETIRED_FOR,
     ConnectionDropped,
     LineScript,
@@ -418,3 +421,35 @@ async def test_a_script_sends_the_same_arguments_again_after_redis_forgot_it(
     await other.script_flush()
     # An iterator is read once: the second send (after NOSCRIPT) carries what the first did.
     assert await script(keys=iter(["k"]), args=(a for a in ["g1", "g2"])) == [1, b"g1", b"g2"]
+
+
+async def test_a_redis_that_stops_reading_holds_at_most_max_carried_bytes_on_the_line() -> None:
+    """Redis frozen (SIGSTOP): nothing it was sent is read, so everything written stays in
+    this process's buffers. 40 commands of 60 KB: the line takes what fits in MAX_CARRIED, the
+    rest go to pooled connections, and the line's unsent bytes never pass that bound."""
+    server = RedisServer()
+    server.start()
+    line = connect(RedisConfig(url=server.url), 5.0)
+    assert isinstance(line, PipelinedRedis)
+    value = b"v" * 60_000
+    try:
+        await line.ping()  # open
+        assert server.proc is not None
+        os.kill(server.proc.pid, signal.SIGSTOP)
+        sets = [asyncio.ensure_future(line.set(f"f{i}", value)) for i in range(40)]
+        await asyncio.sleep(0.3)
+        current = line._line
+        assert current is not None and current.conn is not None
+        writer = current.conn._writer
+        assert writer is not None
+        carried = current._carried
+        assert MAX_CARRIED - len(value) < carried <= MAX_CARRIED
+        assert writer.transport.get_write_buffer_size() <= carried
+        for task in sets:
+            task.cancel()
+        await asyncio.gather(*sets, return_exceptions=True)
+    finally:
+        if server.proc is not None:
+            os.kill(server.proc.pid, signal.SIGCONT)
+        await line.aclose()
+        server.stop()

@@ -17,13 +17,14 @@ on Sentinel its lookup of the master).
 - A connection whose socket breaks (Redis restarted, CLIENT KILL, a Sentinel master demoted)
   fails its callers with `ConnectionDropped`, and each sends its command once more on a new
   line, as redis-py resends once on a connection Redis dropped; never after a timeout. A reply
-  that cannot be read (the ones after it may have run), a line whose unsent bytes pass
-  `MAX_UNSENT` (Redis not reading) and a client closing fail their callers without a resend.
+  that cannot be read (the ones after it may have run) and a client closing fail their callers
+  without a resend.
 - A command of `LARGE` bytes or more (a big cache entry) takes redis-py's own pooled path, so
   its transfer does not hold the small ones up behind it; so does any command while the line
   carries `MAX_CARRIED` bytes of commands not yet answered (a burst of medium cache entries):
   the pooled path's connections are bounded (the link's `max_connections`), and a burst past
-  them waits or goes in-process, where the line would pass `MAX_UNSENT` and fail everyone.
+  them waits or goes in-process. So a line never holds more than `MAX_CARRIED` bytes unsent,
+  whether or not Redis reads: what it wrote and is unanswered is in that count.
 """
 
 from __future__ import annotations
@@ -44,7 +45,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, ResponseError
 
 LARGE: Final = 64 * 1024  # bytes of a command sent on a pooled connection of its own
-MAX_UNSENT: Final = 8 * 1024 * 1024  # bytes waiting for Redis to read before the line fails
 # Bytes of commands a line carries at once (sent and not answered yet, or not sent): what 16
 # commands just under LARGE make, the most the link let out before the line had no bound of
 # its own. A few thousand small commands fit.
@@ -287,9 +287,7 @@ class _Line:
         if writer is None:
             self.drop(ConnectionDropped("the Redis connection closed"))
             return
-        writer.writelines(unsent)
-        if writer.transport.get_write_buffer_size() > MAX_UNSENT:
-            self.drop(RedisConnectionError("Redis is not reading its connection"))
+        writer.writelines(unsent)  # at most MAX_CARRIED bytes: see the module's docstring
 
     async def _read(self, conn: AbstractConnection) -> None:
         try:
