@@ -14,6 +14,7 @@ from aiohttp.test_utils import TestServer
 from aiohttp.web_runner import BaseRunner
 from redis.asyncio import Redis
 
+from policies.core.events import NullEvents
 from policies.core.redislink import RedisLink
 from proxy.app import build_admin_app, build_app
 from proxy.config import parse_config
@@ -22,6 +23,17 @@ from proxy.logs import configure_logging, reset_logging
 from proxy.state import STATE
 from testkit.fakevendor import FakeVendor
 from testkit.redisserver import RedisServer
+
+
+class Busy(NullEvents):
+    """Events that count the Redis commands told to go in-process because the link was busy."""
+
+    def __init__(self) -> None:
+        self.busy = 0
+
+    def redis_busy(self) -> None:
+        self.busy += 1
+
 
 # Every test module picks a tier (`make test TIER=unit`, `pytest -m unit`), by what it runs:
 # unit: pure functions and policies on a ManualClock, at most a local redis-server;

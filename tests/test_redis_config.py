@@ -5,7 +5,8 @@ never printed; the client redis-py builds for each, with the link's tight timeou
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
+import contextlib
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ from proxy.metrics import Metrics
 from testkit.certs import tls_files
 from testkit.procs import free_port
 from testkit.redisserver import RedisServer
+from tests.conftest import Busy
 
 ROUTES = {"routes": {"t": {"prefix": "/t", "upstream": "https://api.tavily.com"}}}
 
@@ -222,14 +224,6 @@ def test_metrics_show_the_nodes_in_use_failovers_and_time_degraded() -> None:
 # --- connections: as many as max_connections, open before the first request ---------------------
 
 
-class Busy(NullEvents):
-    def __init__(self) -> None:
-        self.busy = 0
-
-    def redis_busy(self) -> None:
-        self.busy += 1
-
-
 async def clients(redis_server: RedisServer) -> int:
     """Connections redis-server has open, less the one asking."""
     probe = Redis.from_url(redis_server.url)
@@ -238,6 +232,21 @@ async def clients(redis_server: RedisServer) -> int:
         return int(info["connected_clients"]) - 1
     finally:
         await probe.aclose()
+
+
+@contextlib.asynccontextmanager
+async def warmed_link(
+    redis_server: RedisServer, **config: Any
+) -> AsyncIterator[tuple[RedisLink, Busy]]:
+    """A URL link to `redis_server` (`config`: more RedisConfig keys), warmed up, and its
+    events, which count the commands told to go in-process."""
+    events = Busy()
+    link = RedisLink(RedisConfig(url=redis_server.url, **config), "t", events=events)
+    try:
+        assert await link.warm() is True
+        yield link, events
+    finally:
+        await link.close()
 
 
 async def test_a_burst_shares_the_one_connection_opened_at_start(redis_server: RedisServer) -> None:
@@ -259,10 +268,7 @@ async def test_a_burst_shares_the_one_connection_opened_at_start(redis_server: R
 async def test_commands_on_the_pipelined_connection_need_none_of_the_max_connections(
     redis_server: RedisServer,
 ) -> None:
-    events = Busy()
-    link = RedisLink(RedisConfig(url=redis_server.url, max_connections=1), "t", events=events)
-    try:
-        assert await link.warm() is True
+    async with warmed_link(redis_server, max_connections=1) as (link, events):
         release = asyncio.Event()
 
         async def hold(r: Redis) -> Any:
@@ -276,18 +282,13 @@ async def test_commands_on_the_pipelined_connection_need_none_of_the_max_connect
         release.set()
         assert sorted(await asyncio.gather(*held)) == [1, 2, 3]
         assert events.busy == 0
-    finally:
-        await link.close()
 
 
 async def test_with_every_pooled_connection_busy_a_large_command_goes_in_process_redis_up(
     redis_server: RedisServer,
 ) -> None:
-    events = Busy()
-    link = RedisLink(RedisConfig(url=redis_server.url, max_connections=1), "t", events=events)
     large = b"x" * LARGE
-    try:
-        assert await link.warm() is True
+    async with warmed_link(redis_server, max_connections=1) as (link, events):
         client = link.client
         assert isinstance(client, PipelinedRedis) and client.pooled_slot is not None
         async with client.pooled_slot():  # as a large command in flight holds it
@@ -300,8 +301,6 @@ async def test_with_every_pooled_connection_busy_a_large_command_goes_in_process
         assert await link.run(lambda r: r.set("big", large)) is True
         assert await link.run(lambda r: r.strlen("big")) == LARGE
         assert events.busy == 1
-    finally:
-        await link.close()
 
 
 async def test_a_burst_of_medium_commands_spills_onto_pooled_connections_and_redis_stays_up(
@@ -311,11 +310,8 @@ async def test_a_burst_of_medium_commands_spills_onto_pooled_connections_and_red
     enough for the pipelined connection: past MAX_CARRIED bytes on it the rest take pooled
     connections, as large ones do, rather than pile 24 MB up behind it until it fails them all
     and marks Redis down."""
-    events = Busy()
-    link = RedisLink(RedisConfig(url=redis_server.url), "t", events=events)
     value = b"v" * 60_000
-    try:
-        assert await link.warm() is True
+    async with warmed_link(redis_server) as (link, events):
         found = await asyncio.gather(
             *(link.run(lambda r, i=i: r.set(f"m{i}", value)) for i in range(400))
         )
@@ -327,8 +323,6 @@ async def test_a_burst_of_medium_commands_spills_onto_pooled_connections_and_red
         stored = [i for i, ok in enumerate(found) if ok is True]
         lengths = await link.run(lambda r: asyncio.gather(*(r.strlen(f"m{i}") for i in stored)))
         assert lengths == [len(value)] * len(stored)
-    finally:
-        await link.close()
 
 
 async def test_a_redis_with_room_for_fewer_connections_is_warmed_up_not_down(

@@ -15,7 +15,6 @@ from typing import Any
 
 import pytest
 
-from policies.core.events import NullEvents
 from policies.core.redislink import UNAVAILABLE, RedisLink
 from proxy.app import STATE
 from proxy.config import parse_config
@@ -23,7 +22,7 @@ from testkit.certs import tls_files
 from testkit.fakevendor import FakeVendor, Fault
 from testkit.redisha import Access, ClusterSet, SentinelSet
 from testkit.waiting import eventually
-from tests.conftest import route
+from tests.conftest import Busy, route
 
 FAIL_MAX = 3
 BREAKER = {"fail_max": FAIL_MAX, "reset_timeout": "60s"}
@@ -192,14 +191,6 @@ async def test_max_connections_bounds_a_clusters_commands_and_not_a_pipelined_ma
         assert link.up
     finally:
         await link.close()
-
-
-class Busy(NullEvents):
-    def __init__(self) -> None:
-        self.busy = 0
-
-    def redis_busy(self) -> None:
-        self.busy += 1
 
 
 async def test_killing_the_master_under_load_fails_nothing_and_sharing_resumes(

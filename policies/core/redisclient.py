@@ -20,8 +20,6 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from policies.core.redisconfig import RedisConfig, RedisTls, gives_up_after, host_port
 from policies.core.redisline import PipelinedRedis
 
-CLUSTER_SLOTS: Final = 16384
-
 
 class _Cluster(RedisCluster):
     """A cluster client that retries only a dropped connection: redis-py also resends after a
