@@ -34,6 +34,7 @@ from policies.core.redisline import (
     pack,
 )
 from testkit.redisserver import RedisServer
+from testkit.waiting import eventually
 
 
 @pytest.fixture
@@ -437,9 +438,10 @@ async def test_a_redis_that_stops_reading_holds_at_most_max_carried_bytes_on_the
         assert server.proc is not None
         os.kill(server.proc.pid, signal.SIGSTOP)
         sets = [asyncio.ensure_future(line.set(f"f{i}", value)) for i in range(40)]
-        await asyncio.sleep(0.3)
         current = line._line
         assert current is not None and current.conn is not None
+        # The line fills up to its bound; the commands past it have gone to pooled connections.
+        await eventually(lambda: current._carried > MAX_CARRIED - len(value))
         writer = current.conn._writer
         assert writer is not None
         carried = current._carried
